@@ -1,0 +1,108 @@
+/* The relay's configuration: one immutable snapshot built at start from built-in defaults,
+ * a JSON file, OUTBOX_* environment variables and --set flags, in rising precedence. */
+#ifndef OUTBOX_CONFIG_CONFIG_H
+#define OUTBOX_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum config_ordering { CONFIG_ORDERING_STRICT, CONFIG_ORDERING_SKIP_DEAD };
+enum config_log_level { CONFIG_LOG_DEBUG, CONFIG_LOG_INFO, CONFIG_LOG_WARN, CONFIG_LOG_ERROR };
+enum config_log_format { CONFIG_LOG_TEXT, CONFIG_LOG_JSON };
+
+/* Every duration is held in milliseconds. Strings are never NULL (unset = ""). The struct
+ * is owned by the config module: build it with config_load(), release it with config_free(),
+ * and never write to it in between (threads read it without locks). */
+struct config {
+	char *database_url;
+	char *database_table;
+	char *database_channel;
+
+	char *amqp_url;
+	int64_t amqp_heartbeat_ms;
+	int64_t amqp_confirm_timeout_ms;
+	char *amqp_tls_ca_file;
+	char *amqp_tls_cert_file;
+	char *amqp_tls_key_file;
+	bool amqp_tls_verify_peer;
+
+	char *relay_id;
+	int64_t relay_batch_size;
+	int64_t relay_lease_ms;
+	int64_t relay_max_attempts;
+	int64_t relay_poll_interval_ms;
+	int64_t relay_retry_backoff_min_ms;
+	int64_t relay_retry_backoff_max_ms;
+	int64_t relay_retention_ms;
+	enum config_ordering relay_ordering;
+	int64_t relay_workers;
+	int64_t relay_purge_interval_ms;
+	int64_t relay_shutdown_timeout_ms;
+
+	enum config_log_level log_level;
+	enum config_log_format log_format;
+
+	char *http_listen;
+
+	/* Where each key's value came from, indexed like config_key_name(); owned here.
+	 * "default", "file <path>:<line>", "env OUTBOX_X", "env OUTBOX_X_FILE (<path>)",
+	 * "flag --set". */
+	char **sources;
+};
+
+/* Errors found while building a config: every problem at once, one line each, e.g.
+ * "relay.batch_size: file relay.json:4: got 0, allowed 1..10000". */
+struct config_errors {
+	char **lines; /* owned; n entries */
+	size_t n;
+};
+
+/* Inputs to config_load(). All borrowed for the duration of the call. */
+struct config_sources {
+	const char *file;           /* --config FILE, or NULL to use OUTBOX_CONFIG from env */
+	const char *const *sets;    /* "key=value" strings from --set, in order */
+	size_t nsets;
+	const char *const *environ; /* NULL-terminated "NAME=value" list (usually environ) */
+};
+
+/* Builds the snapshot. Returns a new config (free with config_free) or NULL when anything is
+ * wrong; then errs holds every error (free with config_errors_clear). Unknown keys in the file,
+ * unknown OUTBOX_* variables that look like keys, wrong types, out-of-range values and
+ * cross-key rules (relay.lease > amqp.confirm_timeout, backoff min <= max, valid table
+ * identifier) are all errors. OUTBOX_CONFIG, OUTBOX_CONFIG_FILE are not keys. */
+struct config *config_load(const struct config_sources *src, struct config_errors *errs)
+	__attribute__((warn_unused_result));
+void config_free(struct config *c); /* accepts NULL */
+void config_errors_clear(struct config_errors *errs);
+
+/* The key table, for `config show`, the start-up log line and the README. */
+size_t config_key_count(void);
+const char *config_key_name(size_t i);    /* "relay.batch_size" */
+const char *config_key_help(size_t i);    /* one line */
+bool config_key_sensitive(size_t i);
+/* The environment variable name of key i, e.g. "OUTBOX_RELAY_BATCH_SIZE" (static storage). */
+const char *config_key_env(size_t i);
+/* Index of a key by name, or -1. */
+int config_key_index(const char *name);
+
+/* Writes key i's effective value as text into buf (always NUL-terminated, truncated to n),
+ * durations as written by config_format_duration, secrets redacted ("***" for passwords in
+ * URLs and conninfo strings). */
+void config_value_text(const struct config *c, size_t i, char *buf, size_t n);
+
+/* Parses "500ms", "30s", "5m", "2h", "7d" or plain seconds ("30", "0.5") into milliseconds.
+ * Returns 0 on success, -1 on a malformed or negative value. */
+int config_parse_duration(const char *s, int64_t *out_ms) __attribute__((warn_unused_result));
+/* Formats milliseconds back into the shortest exact unit ("1500ms", "30s", "5m", "0"). */
+void config_format_duration(int64_t ms, char *buf, size_t n);
+
+/* True when s is a plain SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, optionally one
+ * schema-qualified "schema.table" with both parts of that form. */
+bool config_identifier_valid(const char *s);
+
+/* Copies a URL or libpq conninfo into out with any password replaced by "***":
+ * "amqp://u:secret@h/" -> "amqp://u:***@h/", "host=x password=secret" -> "host=x password=***". */
+void config_redact(const char *url_or_conninfo, char *out, size_t n);
+
+#endif

@@ -1,0 +1,64 @@
+/* Counters, gauges and histograms shared between the relay threads (writers) and the HTTP
+ * thread (reader). Everything is a relaxed atomic: a scrape may see one batch half-counted,
+ * never a torn value. */
+#ifndef OUTBOX_RELAY_METRICS_H
+#define OUTBOX_RELAY_METRICS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum metrics_fail_reason {
+	METRICS_FAIL_NACKED = 0,
+	METRICS_FAIL_UNROUTABLE,
+	METRICS_FAIL_REFUSED,  /* channel closed by one publish: missing exchange, 406, 403 */
+	METRICS_FAIL_INVALID,  /* malformed row */
+	METRICS_FAIL_REASONS
+};
+
+#define METRICS_BUCKETS 14
+
+struct metrics_histogram {
+	atomic_ullong buckets[METRICS_BUCKETS]; /* cumulative counts are computed at render */
+	atomic_ullong count;
+	atomic_ullong sum_us;
+};
+
+struct metrics {
+	atomic_ullong published;
+	atomic_ullong failed[METRICS_FAIL_REASONS];
+	atomic_ullong dead;
+	atomic_ullong claimed;
+	atomic_ullong released;
+	atomic_ullong skipped_dead; /* keyed rows set aside under skip-dead */
+	struct metrics_histogram batch_duration;   /* claim -> marked */
+	struct metrics_histogram confirm_latency;  /* publish -> confirm */
+	/* gauges refreshed by the maintenance loop */
+	atomic_llong pending;
+	atomic_llong leased;
+	atomic_llong dead_rows;
+	atomic_llong published_rows;
+	atomic_llong oldest_pending_age_ms;
+	atomic_llong blocked_keys;
+	atomic_llong table_stats_at_ms; /* wall clock ms of the last refresh, 0 = never */
+	/* connection state: number of workers connected to each end */
+	atomic_int db_up;
+	atomic_int broker_up;
+	atomic_int workers;
+	/* liveness: CLOCK_MONOTONIC ms of each loop's last tick (the oldest counts) */
+	atomic_llong tick_ms[64];
+};
+
+extern struct metrics g_metrics;
+
+/* Records one observation in microseconds. */
+void metrics_observe(struct metrics_histogram *h, uint64_t us);
+
+/* Renders the Prometheus text exposition into a new string (free()); NULL on out of memory.
+ * version goes into outbox_relay_build_info. */
+char *metrics_render(const char *version);
+
+/* Bucket upper bounds in seconds (for render and tests). */
+extern const double metrics_bucket_bounds_s[METRICS_BUCKETS];
+
+#endif

@@ -1,0 +1,51 @@
+/* outbox.h — the producer library: add a message to the outbox inside the caller's own
+ * transaction. It runs one INSERT on the caller's connection and never begins, commits,
+ * rolls back, closes or opens a connection, so the message becomes durable exactly when
+ * the caller's work does. Links against libpq only. */
+#ifndef OUTBOX_OUTBOX_H
+#define OUTBOX_OUTBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <libpq-fe.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One message. All pointers are borrowed for the duration of outbox_add(). */
+struct outbox_message {
+	const char *id;            /* required, 1..64 bytes; becomes the AMQP message_id */
+	const char *exchange;      /* required; "" is the default exchange */
+	const char *routing_key;   /* required */
+	const void *body;          /* body bytes (may hold any bytes when body_encoding is NULL) */
+	size_t body_len;
+	const char *body_encoding; /* NULL: "utf-8" when body is valid UTF-8 without NUL bytes,
+	                              else the library stores it base64-encoded. "utf-8" or
+	                              "base64": body is stored as given (base64 = already encoded). */
+	const char *content_type;  /* NULL = "application/json" */
+	const char *headers_json;  /* NULL = "{}"; a JSON object */
+	const char *properties_json; /* NULL = "{}"; a JSON object */
+	const char *ordering_key;  /* NULL = no ordering */
+	int64_t delay_ms;          /* > 0: available_at = now() + delay */
+};
+
+enum outbox_result {
+	OUTBOX_ADDED = 0,      /* a new row was inserted */
+	OUTBOX_DUPLICATE = 1,  /* a row with this id exists already; nothing changed */
+	OUTBOX_ERR_INVALID = -1, /* the message or table name is malformed (see errbuf) */
+	OUTBOX_ERR_QUERY = -2,   /* the INSERT failed (see errbuf); the caller's transaction is
+	                            then aborted, as any failed statement aborts it */
+	OUTBOX_ERR_NOMEM = -3,
+};
+
+/* Inserts m into table (NULL = "outbox"; a plain or schema-qualified identifier) with
+ * INSERT ... ON CONFLICT (id) DO NOTHING on conn. On error writes one line to errbuf
+ * (if errlen > 0). conn is borrowed; its transaction state is left to the caller. */
+int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m,
+               char *errbuf, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

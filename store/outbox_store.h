@@ -1,0 +1,189 @@
+/* The relay's side of PostgreSQL: one connection with its prepared statements, claiming rows
+ * under a lease, marking them published or failed, releasing leases, the LISTEN wake-up and
+ * the operator queries. A PGresult never leaves store/: rows cross as owned structs. */
+#ifndef OUTBOX_STORE_OUTBOX_STORE_H
+#define OUTBOX_STORE_OUTBOX_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Return codes. The detail text is on the handle: store_errmsg(). */
+enum store_err {
+	STORE_OK = 0,
+	STORE_ERR_CONN = -1,  /* connection lost or not open: reconnect, then retry */
+	STORE_ERR_QUERY = -2, /* a statement failed on a live connection: log, back off, retry */
+	STORE_ERR_FATAL = -3, /* cannot work with this database/table (missing table, bad DDL,
+	                         permission): stop at start-up, back off at run time */
+	STORE_ERR_NOMEM = -4,
+};
+
+/* Borrowed by store_new() for the store's lifetime (the relay keeps config alive). */
+struct store_options {
+	const char *conninfo;    /* libpq conninfo or URI; "" = PG* environment */
+	const char *table;       /* validated identifier, maybe schema-qualified */
+	const char *channel;     /* LISTEN channel ("" = do not LISTEN) */
+	const char *relay_id;    /* written to locked_by */
+	const char *application_name; /* "outbox-relay", "outbox-relay worker 2", ... */
+	int64_t lease_ms;
+	int max_attempts;
+	bool skip_dead;          /* relay.ordering = skip-dead */
+	int batch_size;
+	bool admin;              /* CLI/maintenance use: store_connect() neither prepares the
+	                            relay statements, checks the table, nor LISTENs */
+};
+
+/* One claimed row. Every pointer points into the owning batch's storage and lives until the
+ * batch is reused or freed. */
+struct store_row {
+	int64_t seq;
+	const char *id;
+	const char *exchange;
+	const char *routing_key;
+	const char *body;         /* as stored (base64 text when body_encoding = base64) */
+	size_t body_len;
+	const char *body_encoding;
+	const char *content_type;
+	const char *headers;      /* JSON text as stored */
+	const char *properties;   /* JSON text as stored */
+	const char *ordering_key; /* NULL when none */
+	int64_t created_at_s;     /* seconds since the epoch */
+	int attempts;             /* before this claim */
+};
+
+/* A claimed batch, oldest first (seq order). Reused across claims so that the hot path does
+ * not allocate once warmed up. */
+struct store_batch {
+	struct store_row *rows;
+	size_t n;
+	/* private: storage */
+	size_t cap;
+	char *buf;
+	size_t buf_len, buf_cap;
+};
+void store_batch_init(struct store_batch *b);
+void store_batch_free(struct store_batch *b); /* frees storage, not b itself */
+
+/* A failed row, for store_mark_failed(). All borrowed. */
+struct store_failure {
+	const char *id;
+	const char *error;   /* truncated to 1000 chars when written */
+	int64_t delay_ms;    /* available_at = now() + delay_ms */
+	bool dead;           /* attempts = max_attempts (can never be published) */
+};
+
+struct store;
+
+/* New, unconnected handle. opts and its strings are borrowed. NULL on out of memory. */
+struct store *store_new(const struct store_options *opts);
+void store_free(struct store *s); /* closes the connection; accepts NULL */
+const char *store_errmsg(const struct store *s); /* borrowed, valid until the next call */
+
+/* Connects (closing any previous connection), prepares the statements and LISTENs on the
+ * channel. STORE_ERR_FATAL when the table is missing or lacks a column the relay needs
+ * (the message then says to run `outbox-relay migrate`). With opts->admin, only connects. */
+int store_connect(struct store *s) __attribute__((warn_unused_result));
+void store_disconnect(struct store *s);
+bool store_connected(const struct store *s);
+/* The socket to poll for notifications, or -1 when not connected. */
+int store_socket(const struct store *s);
+
+/* Claims up to batch_size claimable rows (DESIGN §3, ordering keys included) in one
+ * statement and fills out (previous contents dropped). With disarm, the same statement also
+ * clears the wake-up flag (call it after a wake). On error out->n = 0. */
+int store_claim(struct store *s, bool disarm, struct store_batch *out)
+	__attribute__((warn_unused_result));
+/* The same split in two, so the relay can publish while the database works:
+ * store_claim_send() queues the claim; store_claim_recv() waits for and reads it. No other
+ * store call may be made in between. */
+int store_claim_send(struct store *s, bool disarm) __attribute__((warn_unused_result));
+int store_claim_recv(struct store *s, struct store_batch *out)
+	__attribute__((warn_unused_result));
+
+/* Marks ids published (published_at = now(), lease cleared) in one statement, or deletes
+ * them when delete_rows. Not fenced by locked_by: a confirmed row is published whoever holds
+ * it now. Rows already published are left alone. */
+int store_mark_published(struct store *s, const char *const *ids, size_t n, bool delete_rows)
+	__attribute__((warn_unused_result));
+int store_mark_published_send(struct store *s, const char *const *ids, size_t n,
+                              bool delete_rows) __attribute__((warn_unused_result));
+int store_mark_published_recv(struct store *s) __attribute__((warn_unused_result));
+
+/* Records failures in one statement: attempts + 1 (or max_attempts when dead), last_error,
+ * available_at = now() + delay, lease released. Fenced: only rows still locked_by this relay
+ * are touched. *n_changed (may be NULL) gets how many rows were updated. */
+int store_mark_failed(struct store *s, const struct store_failure *f, size_t n,
+                      size_t *n_changed) __attribute__((warn_unused_result));
+
+/* Releases the leases of ids (attempts unchanged), fenced by locked_by. With ids == NULL,
+ * releases every row this relay id holds (orderly shutdown). */
+int store_release(struct store *s, const char *const *ids, size_t n)
+	__attribute__((warn_unused_result));
+
+/* Arms the wake-up flag so that producers' commits NOTIFY the channel for the next ttl_ms
+ * (the flag expires by itself if the relay dies). Call before sleeping, then claim once more
+ * before waiting, so that a row committed just before the flag was armed is not missed. */
+int store_arm(struct store *s, int64_t ttl_ms) __attribute__((warn_unused_result));
+/* Reads whatever arrived on the socket and drains notifications; *woken is set when at least
+ * one notification on the channel was received. Never blocks. */
+int store_consume_input(struct store *s, bool *woken) __attribute__((warn_unused_result));
+
+/* ---- operator queries (CLI, maintenance thread) ---- */
+
+struct store_status {
+	int64_t pending;           /* published_at IS NULL AND attempts < max (leased included) */
+	int64_t leased;
+	int64_t dead;
+	int64_t published;         /* retained published rows */
+	double oldest_pending_age_s; /* 0 when none */
+	int64_t blocked_keys;      /* keys whose head row is failed-in-backoff or dead */
+	char oldest_blocked_key[256]; /* "" when none */
+	double oldest_blocked_age_s;
+};
+int store_status(struct store *s, struct store_status *st) __attribute__((warn_unused_result));
+
+/* A listed row (dead rows, blocked keys). Strings owned by the list. */
+struct store_listed {
+	char *id;
+	char *exchange;
+	char *routing_key;
+	char *ordering_key; /* NULL when none */
+	char *last_error;   /* NULL when none */
+	int attempts;
+	char *created_at;   /* ISO 8601 text */
+	char *available_at; /* ISO 8601 text */
+};
+struct store_list {
+	struct store_listed *items;
+	size_t n;
+};
+void store_list_free(struct store_list *l); /* frees contents, not l */
+
+/* Dead rows, oldest first, at most limit (0 = all). */
+int store_dead(struct store *s, size_t limit, struct store_list *out)
+	__attribute__((warn_unused_result));
+/* Head rows of blocked ordering keys (failed and waiting, or dead), oldest first. */
+int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
+	__attribute__((warn_unused_result));
+/* attempts = 0, last_error = NULL, available_at = now(), lease cleared, for unpublished ids;
+ * all_dead: every dead row. *n_changed gets the count. */
+int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_dead,
+                  int64_t *n_changed) __attribute__((warn_unused_result));
+/* Deletes unpublished ids. */
+int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_changed)
+	__attribute__((warn_unused_result));
+/* Deletes published rows older than older_than_ms, at most batch rows per statement, until
+ * none are left or *stop becomes true (may be NULL). *n_deleted gets the total. */
+int store_purge(struct store *s, int64_t older_than_ms, int batch, const volatile int *stop,
+                int64_t *n_deleted) __attribute__((warn_unused_result));
+
+/* ---- schema ---- */
+
+/* The DDL for table/channel (DESIGN §1 and the wake-up objects), idempotent. Returns a new
+ * string (free()), NULL on out of memory. table must be a valid identifier. */
+char *store_schema_sql(const char *table, const char *channel);
+/* Applies store_schema_sql() and upgrades an older table (AceMQ column set) in place, in one
+ * transaction. */
+int store_migrate(struct store *s) __attribute__((warn_unused_result));
+
+#endif
