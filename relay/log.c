@@ -1,0 +1,307 @@
+/* Operator log lines on stderr, logfmt or JSON. Each line is formatted into a stack buffer of
+ * bounded size and written with a single write(2), so threads never interleave within a line
+ * and no lock is needed. */
+#include "relay/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A line never exceeds this, so a runaway error text cannot turn into an unbounded
+ * allocation or a write that the kernel splits. */
+#define LOG_LINE_MAX 8192
+/* Room kept back for what must close a line even when it is full: `..."` + `}` + `\n`. */
+#define LOG_TAIL 16
+/* A single value longer than this is cut and ends in "...". */
+#define LOG_VALUE_MAX 2048
+
+/* Atomics although set once before threads start: a later log_setup (tests, reload) must not
+ * be a data race for TSan. */
+static atomic_int g_min_level = LOG_INFO;
+static atomic_int g_format = LOG_FORMAT_TEXT;
+
+struct line {
+	char buf[LOG_LINE_MAX];
+	size_t len;
+	bool full; /* set once something did not fit: nothing more is added but the tail */
+};
+
+void log_setup(enum log_level min_level, enum log_format format)
+{
+	atomic_store_explicit(&g_min_level, (int)min_level, memory_order_relaxed);
+	atomic_store_explicit(&g_format, (int)format, memory_order_relaxed);
+}
+
+bool log_enabled(enum log_level level)
+{
+	return (int)level >= atomic_load_explicit(&g_min_level, memory_order_relaxed);
+}
+
+static const char *level_name(enum log_level level)
+{
+	switch (level) {
+	case LOG_DEBUG:
+		return "debug";
+	case LOG_INFO:
+		return "info";
+	case LOG_WARN:
+		return "warn";
+	case LOG_ERROR:
+		return "error";
+	}
+	return "unknown";
+}
+
+/* All or nothing: a partial key or escape sequence would corrupt the line's syntax. */
+static bool put_raw(struct line *l, const char *s, size_t n)
+{
+	if (l->full || l->len + n > LOG_LINE_MAX - LOG_TAIL) {
+		l->full = true;
+		return false;
+	}
+	memcpy(l->buf + l->len, s, n);
+	l->len += n;
+	return true;
+}
+
+static bool put_str(struct line *l, const char *s)
+{
+	return put_raw(l, s, strlen(s));
+}
+
+/* Closing characters go into the reserved tail; only a few are ever written per line. */
+static void put_tail(struct line *l, const char *s)
+{
+	size_t n = strlen(s);
+
+	if (l->len + n <= LOG_LINE_MAX) {
+		memcpy(l->buf + l->len, s, n);
+		l->len += n;
+	}
+}
+
+/* Length of the valid UTF-8 sequence at s (at most avail bytes), or 0 when the bytes are not
+ * valid UTF-8 (overlong forms, surrogates and code points above U+10FFFF included). */
+static size_t utf8_len(const unsigned char *s, size_t avail)
+{
+	size_t n;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+		n = 2;
+		cp = s[0] & 0x1f;
+	} else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+		n = 3;
+		cp = s[0] & 0x0f;
+	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+		n = 4;
+		cp = s[0] & 0x07;
+	} else {
+		return 0;
+	}
+	if (n > avail)
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3f);
+	}
+	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+	    (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return n;
+}
+
+/* Text values need quotes when a logfmt parser would otherwise split or misread them. */
+static bool text_needs_quotes(const char *v)
+{
+	if (*v == '\0')
+		return true;
+	for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+		if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p == 0x7f)
+			return true;
+	}
+	return false;
+}
+
+/* Writes v escaped (for JSON or for a quoted logfmt value), invalid UTF-8 replaced by U+FFFD,
+ * cut at LOG_VALUE_MAX input bytes or when the line is full; a cut value ends in "...". */
+static void put_escaped(struct line *l, const char *v, bool json)
+{
+	const unsigned char *p = (const unsigned char *)v;
+	size_t left = strlen(v);
+	size_t used = 0;
+	bool cut = false;
+
+	while (left > 0) {
+		char esc[8];
+		const char *out = esc;
+		size_t n = 1, outlen;
+		unsigned char c = *p;
+
+		if (used >= LOG_VALUE_MAX) {
+			cut = true;
+			break;
+		}
+		if (c == '"' || c == '\\') {
+			esc[0] = '\\';
+			esc[1] = (char)c;
+			outlen = 2;
+		} else if (c == '\n' || c == '\r' || c == '\t') {
+			esc[0] = '\\';
+			esc[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+			outlen = 2;
+		} else if (c < 0x20 || c == 0x7f) {
+			snprintf(esc, sizeof(esc), "\\u%04x", c);
+			outlen = 6;
+		} else if (c < 0x80) {
+			out = (const char *)p;
+			outlen = 1;
+		} else if ((n = utf8_len(p, left)) > 0) {
+			out = (const char *)p;
+			outlen = n;
+		} else {
+			/* One bad byte at a time, so the rest of a mostly valid value survives. */
+			n = 1;
+			out = json ? "\\ufffd" : "\xef\xbf\xbd";
+			outlen = strlen(out);
+		}
+		if (!put_raw(l, out, outlen)) {
+			cut = true;
+			break;
+		}
+		p += n;
+		left -= n;
+		used += n;
+	}
+	if (cut)
+		put_tail(l, "...");
+}
+
+/* Keys come from code, but a stray space or quote in one must not break the line. */
+static void put_key(struct line *l, const char *k, bool json)
+{
+	char key[64];
+	size_t n = 0;
+
+	for (; *k && n < sizeof(key) - 1; k++) {
+		char c = *k;
+		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		          (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+		key[n++] = ok ? c : '_';
+	}
+	key[n] = '\0';
+	if (json) {
+		char buf[80];
+		int len = snprintf(buf, sizeof(buf), ",\"%s\":\"", key);
+		put_raw(l, buf, (size_t)len);
+	} else {
+		char buf[80];
+		int len = snprintf(buf, sizeof(buf), " %s=", key);
+		put_raw(l, buf, (size_t)len);
+	}
+}
+
+static void put_pair(struct line *l, const char *k, const char *v, bool json, bool force_quotes)
+{
+	if (v == NULL)
+		v = "";
+	if (l->full)
+		return;
+	put_key(l, k, json);
+	if (l->full)
+		return;
+	if (json) {
+		put_escaped(l, v, true);
+		put_tail(l, "\"");
+	} else if (force_quotes || text_needs_quotes(v)) {
+		if (!put_raw(l, "\"", 1))
+			return;
+		put_escaped(l, v, false);
+		put_tail(l, "\"");
+	} else {
+		put_escaped(l, v, false);
+	}
+}
+
+static void format_ts(char *buf, size_t n)
+{
+	struct timespec ts;
+	struct tm tm;
+	char date[32];
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, n, "%s.%03ldZ", date, ts.tv_nsec / 1000000);
+}
+
+/* Loops because a signal can interrupt the write; a failed stderr has nowhere to report to. */
+static void write_all(const char *buf, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(STDERR_FILENO, buf, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		buf += w;
+		n -= (size_t)w;
+	}
+}
+
+void log_event(enum log_level level, const char *component, const char *msg, ...)
+{
+	struct line l;
+	char ts[48];
+	bool json;
+	va_list ap;
+
+	if (!log_enabled(level))
+		return;
+	json = atomic_load_explicit(&g_format, memory_order_relaxed) == LOG_FORMAT_JSON;
+	l.len = 0;
+	l.full = false;
+	format_ts(ts, sizeof(ts));
+
+	if (json) {
+		/* The first pair has no leading comma: write the opening brace and "ts" by hand. */
+		put_str(&l, "{\"ts\":\"");
+		put_escaped(&l, ts, true);
+		put_tail(&l, "\"");
+	} else {
+		put_str(&l, "ts=");
+		put_str(&l, ts);
+	}
+	put_pair(&l, "level", level_name(level), json, false);
+	put_pair(&l, "component", component ? component : "relay", json, false);
+	/* msg is always quoted in text so that a one-word message reads like the others. */
+	put_pair(&l, "msg", msg, json, true);
+
+	va_start(ap, msg);
+	for (;;) {
+		const char *k = va_arg(ap, const char *);
+		const char *v;
+
+		if (k == NULL)
+			break;
+		v = va_arg(ap, const char *);
+		put_pair(&l, k, v, json, false);
+	}
+	va_end(ap);
+
+	if (json)
+		put_tail(&l, "}");
+	put_tail(&l, "\n");
+	write_all(l.buf, l.len);
+}
