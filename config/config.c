@@ -1,0 +1,700 @@
+/* Builds the one immutable config snapshot: defaults, then the JSON file, then OUTBOX_*
+ * environment variables, then --set flags; validates every value and reports every problem
+ * at once, each with its key, its source, what was given and what is allowed. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "config/config_keys.h"
+
+#define ERRORS_MAX 200
+#define SECRET_FILE_MAX (64 * 1024)
+#define RELAY_ID_MAX 64 /* locked_by is VARCHAR(64) */
+#define ENV_PREFIX "OUTBOX_"
+
+/* One key's value while loading: the text it was given and where from. */
+struct slot {
+	char *text;   /* owned; as given */
+	char *source; /* owned */
+	int64_t num;  /* int, duration (ms), enum index */
+	bool flag;    /* bool */
+	bool failed;  /* some source gave a bad value: skip cross-key rules on it */
+};
+
+/* What one source offered for one key. */
+struct given {
+	const char *text;
+	enum config_json_kind kind;
+	int64_t ms;
+	bool ms_ok;
+	const char *source;
+};
+
+int config_errors_add(struct config_errors *errs, const char *fmt, ...)
+{
+	char buf[1024];
+	char **lines;
+	va_list ap;
+
+	if (errs->n >= ERRORS_MAX)
+		return -1;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	lines = realloc(errs->lines, (errs->n + 1) * sizeof(*lines));
+	if (!lines)
+		return -1;
+	errs->lines = lines;
+	lines[errs->n] = strdup(buf);
+	if (!lines[errs->n])
+		return -1;
+	errs->n++;
+	return 0;
+}
+
+void config_errors_clear(struct config_errors *errs)
+{
+	if (!errs)
+		return;
+	for (size_t i = 0; i < errs->n; i++)
+		free(errs->lines[i]);
+	free(errs->lines);
+	errs->lines = NULL;
+	errs->n = 0;
+}
+
+static bool ident_part_valid(const char *s, size_t len)
+{
+	if (len == 0 || len > 63)
+		return false;
+	if (!(s[0] == '_' || (s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z')))
+		return false;
+	for (size_t i = 1; i < len; i++) {
+		char ch = s[i];
+
+		if (!(ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+		      (ch >= '0' && ch <= '9')))
+			return false;
+	}
+	return true;
+}
+
+bool config_identifier_valid(const char *s)
+{
+	const char *dot;
+
+	/* The table name is pasted into SQL text (identifiers cannot be bound as parameters),
+	 * so anything but this narrow shape is refused rather than quoted. */
+	if (!s)
+		return false;
+	dot = strchr(s, '.');
+	if (!dot)
+		return ident_part_valid(s, strlen(s));
+	return ident_part_valid(s, (size_t)(dot - s)) && ident_part_valid(dot + 1, strlen(dot + 1));
+}
+
+static bool port_valid(const char *p)
+{
+	int64_t port;
+
+	if (*p == '\0' || strlen(p) > 5 || strspn(p, "0123456789") != strlen(p))
+		return false;
+	if (config_parse_int(p, &port) < 0)
+		return false;
+	return port >= 1 && port <= 65535;
+}
+
+static bool listen_valid(const char *s)
+{
+	const char *colon;
+
+	if (*s == '\0')
+		return true;
+	if (*s == '[') {
+		const char *close = strchr(s, ']');
+		size_t len;
+
+		if (!close)
+			return false;
+		len = (size_t)(close - s - 1);
+		if (len == 0 || strspn(s + 1, "0123456789abcdefABCDEF:.") != len)
+			return false;
+		return close[1] == ':' && port_valid(close + 2);
+	}
+	colon = strchr(s, ':');
+	if (!colon || strchr(colon + 1, ':'))
+		return false; /* a bare IPv6 address needs brackets to find its port */
+	if (strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") !=
+	    (size_t)(colon - s))
+		return false;
+	return port_valid(colon + 1);
+}
+
+static bool check_string(const struct config_key *k, const char *v)
+{
+	switch (k->check) {
+	case CONFIG_CHECK_TABLE:
+		return config_identifier_valid(v);
+	case CONFIG_CHECK_CHANNEL:
+		return !strchr(v, '.') && config_identifier_valid(v);
+	case CONFIG_CHECK_AMQP_URL:
+		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
+	case CONFIG_CHECK_LISTEN:
+		return listen_valid(v);
+	case CONFIG_CHECK_RELAY_ID:
+		return *v != '\0' && strlen(v) <= RELAY_ID_MAX;
+	case CONFIG_CHECK_NONE:
+	default:
+		return true;
+	}
+}
+
+static void allowed_text(const struct config_key *k, char *buf, size_t n)
+{
+	char lo[32], hi[32];
+
+	switch (k->type) {
+	case CONFIG_INT:
+		snprintf(buf, n, "an integer %" PRId64 "..%" PRId64, k->min, k->max);
+		return;
+	case CONFIG_BOOL:
+		snprintf(buf, n, "true, false, 1, 0, yes, no, on or off");
+		return;
+	case CONFIG_DURATION:
+		config_format_duration(k->min, lo, sizeof(lo));
+		config_format_duration(k->max, hi, sizeof(hi));
+		snprintf(buf, n, "%sa duration %s..%s (500ms, 30s, 5m, 2h, 7d or seconds)",
+			 k->zero_ok ? "0 or " : "", lo, hi);
+		return;
+	case CONFIG_ENUM: {
+		size_t len = 0;
+
+		snprintf(buf, n, "one of");
+		for (size_t i = 0; k->choices[i]; i++) {
+			len = strlen(buf);
+			snprintf(buf + len, n - len, "%s %s", i ? "," : "", k->choices[i]);
+		}
+		return;
+	}
+	case CONFIG_STRING:
+	default:
+		break;
+	}
+	switch (k->check) {
+	case CONFIG_CHECK_TABLE:
+		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, optionally "
+			 "schema-qualified (schema.table)");
+		break;
+	case CONFIG_CHECK_CHANNEL:
+		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema");
+		break;
+	case CONFIG_CHECK_AMQP_URL:
+		snprintf(buf, n, "a URL starting with amqp:// or amqps://");
+		break;
+	case CONFIG_CHECK_LISTEN:
+		snprintf(buf, n, "\"\" (disabled) or host:port with port 1..65535 "
+			 "(host empty, IPv4, a name or [IPv6])");
+		break;
+	case CONFIG_CHECK_RELAY_ID:
+		snprintf(buf, n, "a non-empty string of at most %d bytes", RELAY_ID_MAX);
+		break;
+	case CONFIG_CHECK_NONE:
+	default:
+		snprintf(buf, n, "a string");
+		break;
+	}
+}
+
+/* The given value as it goes into an error line: quoted, control characters masked, long
+ * values cut; a secret is never echoed, not even redacted, since it may be malformed in a
+ * way the redactor does not recognise. */
+static void given_text(const struct config_key *k, const char *v, char *buf, size_t n)
+{
+	size_t len = 0;
+
+	if (k && k->sensitive) {
+		snprintf(buf, n, "a value not shown (secret)");
+		return;
+	}
+	buf[len++] = '"';
+	for (const char *p = v; *p && len + 6 < n; p++) {
+		if (p - v >= 120) {
+			memcpy(buf + len, "...", 3);
+			len += 3;
+			break;
+		}
+		buf[len++] = (*p == '"' || (unsigned char)*p < 0x20) ? '?' : *p;
+	}
+	buf[len++] = '"';
+	buf[len] = '\0';
+}
+
+static void report_bad(struct config_errors *errs, const struct config_key *k,
+		       const struct given *g)
+{
+	char got[160], allowed[256];
+
+	given_text(k, g->text, got, sizeof(got));
+	allowed_text(k, allowed, sizeof(allowed));
+	config_errors_add(errs, "%s: got %s (%s); allowed: %s", k->name, got, g->source, allowed);
+}
+
+/* Parses g for key k into s. On a bad value reports it and leaves s's value as it was. */
+static int assign(struct slot *s, const struct config_key *k, const struct given *g,
+		  struct config_errors *errs)
+{
+	int64_t num = 0;
+	bool flag = false;
+	bool from_string = g->kind == CONFIG_JSON_STRING;
+	bool ok = false;
+	char *text, *source;
+
+	switch (k->type) {
+	case CONFIG_STRING:
+		ok = from_string && check_string(k, g->text);
+		break;
+	case CONFIG_INT:
+		ok = (from_string || g->kind == CONFIG_JSON_INT) &&
+		     config_parse_int(g->text, &num) == 0 && num >= k->min && num <= k->max;
+		break;
+	case CONFIG_BOOL:
+		ok = (from_string || g->kind == CONFIG_JSON_BOOL || g->kind == CONFIG_JSON_INT) &&
+		     config_parse_bool(g->text, &flag) == 0;
+		break;
+	case CONFIG_DURATION:
+		/* In JSON a bare number is seconds, like "30" is. */
+		if (g->kind == CONFIG_JSON_INT || g->kind == CONFIG_JSON_REAL) {
+			ok = g->ms_ok;
+			num = g->ms;
+		} else {
+			ok = from_string && config_parse_duration(g->text, &num) == 0;
+		}
+		ok = ok && ((num >= k->min && num <= k->max) || (k->zero_ok && num == 0));
+		break;
+	case CONFIG_ENUM:
+		ok = from_string && config_parse_enum(g->text, k->choices, &num) == 0;
+		break;
+	}
+	if (!ok) {
+		report_bad(errs, k, g);
+		s->failed = true;
+		return -1;
+	}
+	text = strdup(g->text);
+	source = strdup(g->source);
+	if (!text || !source) {
+		free(text);
+		free(source);
+		config_errors_add(errs, "%s: out of memory", k->name);
+		return -1;
+	}
+	free(s->text);
+	free(s->source);
+	s->text = text;
+	s->source = source;
+	s->num = num;
+	s->flag = flag;
+	return 0;
+}
+
+static char *default_relay_id(void)
+{
+	char host[256];
+	char pid[24];
+	char *id;
+	size_t room;
+
+	if (gethostname(host, sizeof(host)) != 0 || host[0] == '\0')
+		snprintf(host, sizeof(host), "localhost");
+	host[sizeof(host) - 1] = '\0';
+	snprintf(pid, sizeof(pid), ":%ld", (long)getpid());
+	/* Cut a long host name rather than the pid: the pid tells two relays on one host
+	 * apart, and the whole must fit locked_by. */
+	room = RELAY_ID_MAX - strlen(pid);
+	if (strlen(host) > room)
+		host[room] = '\0';
+	id = malloc(strlen(host) + strlen(pid) + 1);
+	if (!id)
+		return NULL;
+	memcpy(id, host, strlen(host));
+	memcpy(id + strlen(host), pid, strlen(pid) + 1);
+	return id;
+}
+
+static int load_defaults(struct slot *slots, struct config_errors *errs)
+{
+	for (size_t i = 0; i < config_key_count(); i++) {
+		const struct config_key *k = config_key_at(i);
+		struct given g = { k->def, CONFIG_JSON_STRING, 0, false, "default" };
+		char *computed = NULL;
+		int rc;
+
+		if (!k->def) {
+			computed = default_relay_id();
+			if (!computed) {
+				config_errors_add(errs, "%s: out of memory", k->name);
+				return -1;
+			}
+			g.text = computed;
+		}
+		rc = assign(&slots[i], k, &g, errs);
+		free(computed);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static void load_file(const char *path, struct slot *slots, struct config_errors *errs)
+{
+	struct config_file f = { NULL, 0 };
+
+	if (config_file_read(path, &f, errs) < 0)
+		return;
+	for (size_t i = 0; i < f.n; i++) {
+		const struct config_file_entry *e = &f.v[i];
+		int idx = config_key_index(e->key);
+		char source[512];
+		struct given g;
+
+		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
+		if (idx < 0) {
+			config_errors_add(errs, "%s: unknown key (%s); allowed: a key listed by "
+					  "`outbox-relay config show`", e->key, source);
+			continue;
+		}
+		g = (struct given){ e->text, e->kind, e->ms, e->ms_ok, source };
+		(void)assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
+	}
+	config_file_clear(&f);
+}
+
+/* Reads a Docker-style secret file. The contents never appear in an error. */
+static char *read_secret(const char *path, int *err)
+{
+	FILE *fp = fopen(path, "rb");
+	char *buf = NULL;
+	size_t len;
+
+	if (!fp) {
+		*err = errno;
+		return NULL;
+	}
+	buf = malloc(SECRET_FILE_MAX + 1);
+	if (!buf) {
+		*err = ENOMEM;
+		goto out;
+	}
+	len = fread(buf, 1, SECRET_FILE_MAX + 1, fp);
+	if (ferror(fp) || len > SECRET_FILE_MAX || memchr(buf, '\0', len)) {
+		*err = ferror(fp) ? (errno ? errno : EIO) : EINVAL;
+		free(buf);
+		buf = NULL;
+		goto out;
+	}
+	/* Editors and `echo` end files with a newline that is not part of the password. */
+	while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+		len--;
+	buf[len] = '\0';
+out:
+	fclose(fp);
+	return buf;
+}
+
+static bool env_name_is(const char *entry, size_t name_len, const char *name, const char *suffix)
+{
+	size_t len = strlen(name);
+
+	if (name_len != len + strlen(suffix))
+		return false;
+	return strncmp(entry, name, len) == 0 && strncmp(entry + len, suffix, strlen(suffix)) == 0;
+}
+
+static void load_env(const char *const *env, struct slot *slots, struct config_errors *errs)
+{
+	size_t nkeys = config_key_count();
+	const char **plain = calloc(nkeys, sizeof(*plain));
+	const char **file = calloc(nkeys, sizeof(*file));
+
+	if (!plain || !file) {
+		config_errors_add(errs, "environment: out of memory");
+		goto out;
+	}
+	for (size_t e = 0; env && env[e]; e++) {
+		const char *entry = env[e];
+		const char *eq = strchr(entry, '=');
+		size_t name_len;
+		bool known = false;
+
+		if (!eq || strncmp(entry, ENV_PREFIX, strlen(ENV_PREFIX)) != 0)
+			continue;
+		name_len = (size_t)(eq - entry);
+		if (env_name_is(entry, name_len, "OUTBOX_CONFIG", ""))
+			continue;
+		/* The exact name first: OUTBOX_AMQP_TLS_CA_FILE is a key, not a secret file. */
+		for (size_t i = 0; i < nkeys && !known; i++) {
+			if (env_name_is(entry, name_len, config_key_env(i), "")) {
+				plain[i] = eq + 1;
+				known = true;
+			}
+		}
+		for (size_t i = 0; i < nkeys && !known; i++) {
+			if (env_name_is(entry, name_len, config_key_env(i), "_FILE")) {
+				file[i] = eq + 1;
+				known = true;
+			}
+		}
+		if (!known) {
+			/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run
+			 * silently with the default. */
+			config_errors_add(errs, "%.*s: unknown configuration variable (env %.*s); "
+					  "allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE for a key listed "
+					  "by `outbox-relay config show`, or OUTBOX_CONFIG",
+					  (int)name_len, entry, (int)name_len, entry);
+		}
+	}
+	for (size_t i = 0; i < nkeys; i++) {
+		const struct config_key *k = config_key_at(i);
+		char source[512];
+		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, source };
+
+		if (plain[i] && file[i]) {
+			config_errors_add(errs, "%s: both %s and %s_FILE are set (env); allowed: "
+					  "only one of them", k->name, k->env, k->env);
+			slots[i].failed = true;
+		} else if (plain[i]) {
+			snprintf(source, sizeof(source), "env %s", k->env);
+			g.text = plain[i];
+			(void)assign(&slots[i], k, &g, errs);
+		} else if (file[i]) {
+			int err = 0;
+			char *secret = read_secret(file[i], &err);
+
+			snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, file[i]);
+			if (!secret) {
+				config_errors_add(errs, "%s: could not read %s_FILE \"%s\": %s (env "
+						  "%s_FILE); allowed: a readable file holding the "
+						  "value", k->name, k->env, file[i],
+						  err == EINVAL ? "not a text file or too large"
+								: strerror(err),
+						  k->env);
+				slots[i].failed = true;
+				continue;
+			}
+			g.text = secret;
+			(void)assign(&slots[i], k, &g, errs);
+			free(secret);
+		}
+	}
+out:
+	free(plain);
+	free(file);
+}
+
+static void load_sets(const struct config_sources *src, struct slot *slots,
+		      struct config_errors *errs)
+{
+	for (size_t i = 0; i < src->nsets; i++) {
+		const char *set = src->sets[i];
+		const char *eq = set ? strchr(set, '=') : NULL;
+		char key[128];
+		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, "flag --set" };
+		int idx;
+
+		if (!eq) {
+			config_errors_add(errs, "--set \"%s\": missing '=' (flag --set); allowed: "
+					  "key=value", set ? set : "");
+			continue;
+		}
+		snprintf(key, sizeof(key), "%.*s", (int)(eq - set), set);
+		idx = config_key_index(key);
+		if (idx < 0) {
+			config_errors_add(errs, "%s: unknown key (flag --set); allowed: a key "
+					  "listed by `outbox-relay config show`", key);
+			continue;
+		}
+		g.text = eq + 1;
+		(void)assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
+	}
+}
+
+static size_t slot_index(const char *name)
+{
+	int idx = config_key_index(name);
+
+	return idx < 0 ? 0 : (size_t)idx;
+}
+
+static void check_rules(struct slot *slots, struct config_errors *errs)
+{
+	const struct slot *lease = &slots[slot_index("relay.lease")];
+	const struct slot *confirm = &slots[slot_index("amqp.confirm_timeout")];
+	const struct slot *bmin = &slots[slot_index("relay.retry_backoff_min")];
+	const struct slot *bmax = &slots[slot_index("relay.retry_backoff_max")];
+	char v[32];
+
+	/* A lease shorter than the confirm wait lets another relay claim rows that are still
+	 * in flight here: every slow confirm would become a duplicate. */
+	if (!lease->failed && !confirm->failed && lease->num <= confirm->num) {
+		config_format_duration(confirm->num, v, sizeof(v));
+		config_errors_add(errs, "relay.lease: got \"%s\" (%s); allowed: more than "
+				  "amqp.confirm_timeout, which is %s (%s)", lease->text,
+				  lease->source, v, confirm->source);
+	}
+	if (!bmin->failed && !bmax->failed && bmin->num > bmax->num) {
+		config_format_duration(bmax->num, v, sizeof(v));
+		config_errors_add(errs, "relay.retry_backoff_min: got \"%s\" (%s); allowed: at "
+				  "most relay.retry_backoff_max, which is %s (%s)", bmin->text,
+				  bmin->source, v, bmax->source);
+	}
+}
+
+static struct config *build(struct slot *slots)
+{
+	size_t nkeys = config_key_count();
+	struct config *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->sources = calloc(nkeys, sizeof(*c->sources));
+	if (!c->sources) {
+		free(c);
+		return NULL;
+	}
+	for (size_t i = 0; i < nkeys; i++) {
+		const struct config_key *k = config_key_at(i);
+		char *base = (char *)c;
+
+		/* Ownership moves from the slot to the snapshot. */
+		c->sources[i] = slots[i].source;
+		slots[i].source = NULL;
+		if (k->field == CONFIG_NO_FIELD)
+			continue;
+		switch (k->type) {
+		case CONFIG_STRING:
+			*(char **)(void *)(base + k->field) = slots[i].text;
+			slots[i].text = NULL;
+			break;
+		case CONFIG_INT:
+		case CONFIG_DURATION:
+			*(int64_t *)(void *)(base + k->field) = slots[i].num;
+			break;
+		case CONFIG_BOOL:
+			*(bool *)(void *)(base + k->field) = slots[i].flag;
+			break;
+		case CONFIG_ENUM:
+			break;
+		}
+	}
+	c->relay_ordering = slots[slot_index("relay.ordering")].num == 1
+				    ? CONFIG_ORDERING_SKIP_DEAD : CONFIG_ORDERING_STRICT;
+	c->log_level = (enum config_log_level)slots[slot_index("log.level")].num;
+	c->log_format = slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON : CONFIG_LOG_TEXT;
+	return c;
+}
+
+struct config *config_load(const struct config_sources *src, struct config_errors *errs)
+{
+	size_t nkeys = config_key_count();
+	struct config *c = NULL;
+	struct slot *slots;
+	const char *file = NULL;
+
+	errs->lines = NULL;
+	errs->n = 0;
+	slots = calloc(nkeys, sizeof(*slots));
+	if (!slots) {
+		config_errors_add(errs, "config: out of memory");
+		return NULL;
+	}
+	if (load_defaults(slots, errs) < 0)
+		goto out;
+	file = src->file;
+	for (size_t e = 0; !file && src->environ && src->environ[e]; e++) {
+		if (strncmp(src->environ[e], "OUTBOX_CONFIG=", 14) == 0)
+			file = src->environ[e] + 14;
+	}
+	if (file && *file)
+		load_file(file, slots, errs);
+	load_env(src->environ, slots, errs);
+	load_sets(src, slots, errs);
+	check_rules(slots, errs);
+	if (errs->n > 0)
+		goto out;
+	c = build(slots);
+	if (!c) {
+		config_errors_add(errs, "config: out of memory");
+		goto out;
+	}
+	/* Every string field must be non-NULL for readers; build moved them all. */
+out:
+	for (size_t i = 0; i < nkeys; i++) {
+		free(slots[i].text);
+		free(slots[i].source);
+	}
+	free(slots);
+	return c;
+}
+
+void config_free(struct config *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < config_key_count(); i++) {
+		const struct config_key *k = config_key_at(i);
+
+		if (k->type == CONFIG_STRING && k->field != CONFIG_NO_FIELD)
+			free(*(char **)(void *)((char *)c + k->field));
+		if (c->sources)
+			free(c->sources[i]);
+	}
+	free(c->sources);
+	free(c);
+}
+
+void config_value_text(const struct config *c, size_t i, char *buf, size_t n)
+{
+	const struct config_key *k;
+	const char *base = (const char *)c;
+
+	if (!buf || n == 0)
+		return;
+	buf[0] = '\0';
+	if (!c || i >= config_key_count())
+		return;
+	k = config_key_at(i);
+	switch (k->type) {
+	case CONFIG_STRING: {
+		const char *v = *(char *const *)(const void *)(base + k->field);
+
+		if (k->sensitive)
+			config_redact(v, buf, n);
+		else
+			snprintf(buf, n, "%s", v);
+		break;
+	}
+	case CONFIG_INT:
+		snprintf(buf, n, "%" PRId64, *(const int64_t *)(const void *)(base + k->field));
+		break;
+	case CONFIG_DURATION:
+		config_format_duration(*(const int64_t *)(const void *)(base + k->field), buf, n);
+		break;
+	case CONFIG_BOOL:
+		snprintf(buf, n, "%s", *(const bool *)(const void *)(base + k->field) ? "true"
+										       : "false");
+		break;
+	case CONFIG_ENUM:
+		if (strcmp(k->name, "relay.ordering") == 0)
+			snprintf(buf, n, "%s", k->choices[c->relay_ordering]);
+		else if (strcmp(k->name, "log.level") == 0)
+			snprintf(buf, n, "%s", k->choices[c->log_level]);
+		else
+			snprintf(buf, n, "%s", k->choices[c->log_format]);
+		break;
+	}
+}
