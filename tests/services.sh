@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# Starts (or stops) one throwaway PostgreSQL and one RabbitMQ for the integration and fault
+# tests, on free loopback ports, so they can run beside any other server on the machine.
+# Usage: tests/services.sh start DIR | stop DIR   (start writes DIR/env with export lines)
+set -euo pipefail
+
+die() {
+	echo "services.sh: $*" >&2
+	exit 1
+}
+
+usage() {
+	echo "usage: $0 start|stop DIR" >&2
+	exit 2
+}
+
+[ $# -eq 2 ] || usage
+cmd=$1
+dir=$2
+
+# True when something accepts connections on 127.0.0.1:$1. ss sees listeners of every user;
+# the /dev/tcp probe is the fallback on systems without iproute2.
+port_busy() {
+	local p=$1
+	if command -v ss >/dev/null 2>&1; then
+		[ -n "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && return 0
+	fi
+	(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && return 0
+	return 1
+}
+
+# Picks a random free port in 20000..44999 into $REPLY (a variable, not output: a command
+# substitution would run in a subshell and forget which ports were already handed out). The
+# range stays below 45000 because rabbitmqctl takes its own distribution port at
+# RABBITMQ_DIST_PORT + 10000 and upwards.
+taken_ports=""
+free_port() {
+	local p i
+	for i in $(seq 1 200); do
+		p=$((20000 + (RANDOM * 32768 + RANDOM) % 25000))
+		case " $taken_ports " in *" $p "*) continue ;; esac
+		if ! port_busy "$p" && ! port_busy $((p + 10000)); then
+			taken_ports="$taken_ports $p"
+			REPLY=$p
+			return 0
+		fi
+	done
+	die "could not find a free loopback port"
+}
+
+pg_bindir() {
+	local d
+	d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+	[ -n "$d" ] && [ -x "$d/pg_ctl" ] || die "PostgreSQL server binaries not found under /usr/lib/postgresql"
+	echo "$d"
+}
+
+rmq_bindir() {
+	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || die "rabbitmq-server not found in /usr/lib/rabbitmq/bin"
+	echo /usr/lib/rabbitmq/bin
+}
+
+show_log() {
+	local f
+	for f in "$@"; do
+		[ -f "$f" ] || continue
+		echo "---- last lines of $f ----" >&2
+		tail -n 40 "$f" >&2
+	done
+}
+
+start_pg() {
+	local bindir=$1 port=$2 pgdir=$dir/pg
+	mkdir -p "$pgdir"
+	# PostgreSQL refuses to run as root, so the cluster belongs to the postgres user.
+	chown postgres: "$pgdir"
+	chmod 700 "$pgdir"
+	if ! runuser -u postgres -- "$bindir/initdb" -D "$pgdir/data" -U postgres --auth=trust \
+		-E UTF8 --locale=C.UTF-8 --no-sync >"$dir/initdb.log" 2>&1; then
+		show_log "$dir/initdb.log"
+		die "initdb failed"
+	fi
+	# Settings go into the cluster's own file so that a restart by the fault tests keeps them.
+	# fsync=off only gives up crash safety against a power loss of this machine, which no test
+	# simulates; it makes the suite several times faster on slow disks.
+	cat >>"$pgdir/data/postgresql.conf" <<EOF
+port = $port
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$pgdir'
+max_connections = 300
+fsync = off
+synchronous_commit = on
+full_page_writes = off
+log_min_messages = warning
+EOF
+	# Wrapper used by restart tests; -l keeps the server off the caller's stdout, which
+	# would otherwise keep a test's pipe open for the postmaster's whole life.
+	cat >"$dir/bin/pg_ctl" <<EOF
+#!/bin/sh
+exec runuser -u postgres -- "$bindir/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" "\$@"
+EOF
+	chmod 755 "$dir/bin/pg_ctl"
+	if ! "$dir/bin/pg_ctl" -w -t 60 start >"$dir/pg_ctl.log" 2>&1; then
+		show_log "$dir/pg_ctl.log" "$pgdir/server.log"
+		die "PostgreSQL did not start on port $port"
+	fi
+}
+
+start_rmq() {
+	local bindir=$1 amqp_port=$2 dist_port=$3 epmd_port=$4 rdir=$dir/rmq
+	local node="relaytest-$$@localhost"
+	mkdir -p "$rdir/mnesia" "$rdir/log"
+	echo "[]." >"$rdir/enabled_plugins"
+	echo "loopback_users = none" >"$rdir/rabbitmq.conf"
+	# Everything the node and its CLI tools read comes from this file, so the start, stop and
+	# ctl wrappers all talk to this node and its own epmd, never to another one.
+	cat >"$rdir/node.env" <<EOF
+export HOME='$rdir'
+export RABBITMQ_NODENAME='$node'
+export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+export RABBITMQ_NODE_PORT=$amqp_port
+export RABBITMQ_DIST_PORT=$dist_port
+export RABBITMQ_MNESIA_BASE='$rdir/mnesia'
+export RABBITMQ_LOG_BASE='$rdir/log'
+export RABBITMQ_ENABLED_PLUGINS_FILE='$rdir/enabled_plugins'
+export RABBITMQ_CONFIG_FILE='$rdir/rabbitmq'
+export RABBITMQ_PID_FILE='$rdir/pid'
+export ERL_EPMD_ADDRESS=127.0.0.1
+export ERL_EPMD_PORT=$epmd_port
+EOF
+	cat >"$dir/bin/rabbitmqctl" <<EOF
+#!/bin/sh
+. '$rdir/node.env'
+exec "$bindir/rabbitmqctl" -n '$node' "\$@"
+EOF
+	# Starts the node detached from the caller (own session, no inherited pipes) and waits
+	# until it accepts work; a stop leaves the pid file behind, so it is removed first.
+	cat >"$dir/bin/rabbitmq-start" <<EOF
+#!/bin/sh
+. '$rdir/node.env'
+rm -f '$rdir/pid'
+setsid "$bindir/rabbitmq-server" >>'$rdir/server.out' 2>&1 </dev/null &
+exec "$bindir/rabbitmqctl" -n '$node' wait --timeout 90 '$rdir/pid' >>'$rdir/wait.log' 2>&1
+EOF
+	# Stops the whole node (not only the app) and waits until the process is gone.
+	cat >"$dir/bin/rabbitmq-stop" <<EOF
+#!/bin/sh
+. '$rdir/node.env'
+exec "$bindir/rabbitmqctl" -n '$node' shutdown >>'$rdir/wait.log' 2>&1
+EOF
+	chmod 755 "$dir/bin/rabbitmqctl" "$dir/bin/rabbitmq-start" "$dir/bin/rabbitmq-stop"
+	if ! "$dir/bin/rabbitmq-start"; then
+		show_log "$rdir/server.out" "$rdir/wait.log" "$rdir/log/$node.log"
+		die "RabbitMQ did not start on port $amqp_port"
+	fi
+}
+
+do_start() {
+	local pgbin rbin pg_port amqp_port dist_port epmd_port
+	pgbin=$(pg_bindir)
+	rbin=$(rmq_bindir)
+	[ "$(id -u)" -eq 0 ] || die "must run as root (PostgreSQL is run as the postgres user)"
+	mkdir -p "$dir/bin"
+	dir=$(cd "$dir" && pwd)
+	# postgres must be able to reach its cluster directory through DIR and its parents.
+	chmod 755 "$dir"
+	free_port
+	pg_port=$REPLY
+	free_port
+	amqp_port=$REPLY
+	free_port
+	dist_port=$REPLY
+	free_port
+	epmd_port=$REPLY
+	# Written first, so that stop can clean up after a start that failed half way.
+	write_env "$pg_port" "$amqp_port" "$dist_port" "$epmd_port"
+	start_pg "$pgbin" "$pg_port"
+	start_rmq "$rbin" "$amqp_port" "$dist_port" "$epmd_port"
+	echo "services.sh: PostgreSQL on 127.0.0.1:$pg_port, RabbitMQ on 127.0.0.1:$amqp_port; env in $dir/env"
+}
+
+write_env() {
+	cat >"$dir/env" <<EOF
+export RELAY_TEST_DIR='$dir'
+export RELAY_TEST_PG='host=127.0.0.1 port=$1 user=postgres dbname=postgres'
+export RELAY_TEST_PG_PORT=$1
+export RELAY_TEST_PG_DATA='$dir/pg/data'
+export RELAY_TEST_PG_LOG='$dir/pg/server.log'
+export RELAY_TEST_PG_CTL='$dir/bin/pg_ctl'
+export RELAY_TEST_AMQP='amqp://guest:guest@127.0.0.1:$2/'
+export RELAY_TEST_AMQP_PORT=$2
+export RELAY_TEST_RABBITMQ_DIST_PORT=$3
+export RELAY_TEST_RABBITMQ_EPMD_PORT=$4
+export RELAY_TEST_RABBITMQ_NODE='relaytest-$$@localhost'
+export RELAY_TEST_RABBITMQ_DIR='$dir/rmq'
+export RELAY_TEST_RABBITMQCTL='$dir/bin/rabbitmqctl'
+export RELAY_TEST_RABBITMQ_START='$dir/bin/rabbitmq-start'
+export RELAY_TEST_RABBITMQ_STOP='$dir/bin/rabbitmq-stop'
+EOF
+}
+
+# epmd -kill refuses while a node is still registered; then the process listening on this
+# node's epmd port (and only that one) is signalled directly.
+stop_epmd() {
+	local port pids
+	port=$(. "$dir/rmq/node.env" && echo "$ERL_EPMD_PORT")
+	ERL_EPMD_PORT=$port epmd -port "$port" -kill >/dev/null 2>&1 || true
+	sleep 0.2
+	if command -v ss >/dev/null 2>&1; then
+		pids=$(ss -Htlnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u || true)
+		if [ -n "$pids" ]; then
+			kill $pids 2>/dev/null || true
+		fi
+	fi
+}
+
+do_stop() {
+	local rc=0 pid
+	[ -d "$dir" ] || return 0
+	dir=$(cd "$dir" && pwd)
+	# Each step runs even when an earlier one failed: a half-started set must not leak servers.
+	if [ -f "$dir/pg/data/postmaster.pid" ]; then
+		"$dir/bin/pg_ctl" -m immediate -w -t 30 stop >/dev/null 2>&1 || rc=1
+	fi
+	if [ -f "$dir/rmq/node.env" ]; then
+		if [ -f "$dir/rmq/pid" ]; then
+			pid=$(cat "$dir/rmq/pid" 2>/dev/null || true)
+			"$dir/bin/rabbitmq-stop" >/dev/null 2>&1 || true
+			if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+				kill -9 "$pid" 2>/dev/null || true
+			fi
+		fi
+		# The node's own epmd outlives the node; stop only the one on this node's port.
+		stop_epmd
+	fi
+	rm -rf "$dir"
+	return $rc
+}
+
+case $cmd in
+start) do_start ;;
+stop) do_stop ;;
+*) usage ;;
+esac
