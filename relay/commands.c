@@ -1,0 +1,610 @@
+/* The one-shot commands: schema, migrate, enqueue, status, dead, requeue, discard, keys,
+ * purge, config, healthcheck. Each opens what it needs, does one thing, and says what it did
+ * on stdout (errors on stderr, one line). */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "relay/http.h"
+#include "relay/relay.h"
+#include "store/outbox.h"
+#include "store/outbox_store.h"
+
+#define MAX_BODY_FILE (64L * 1024 * 1024)
+
+static void admin_options(const struct config *cfg, struct store_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->conninfo = cfg->database_url;
+	o->table = cfg->database_table;
+	o->channel = cfg->database_channel;
+	o->relay_id = cfg->relay_id;
+	o->application_name = "outbox-relay admin";
+	o->lease_ms = cfg->relay_lease_ms;
+	o->max_attempts = (int)cfg->relay_max_attempts;
+	o->skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
+	o->batch_size = (int)cfg->relay_batch_size;
+	o->admin = true;
+}
+
+/* Opens an admin connection or says why not. Returns NULL on failure (already reported). */
+static struct store *admin_open(const struct config *cfg, struct store_options *o)
+{
+	struct store *s;
+
+	admin_options(cfg, o);
+	s = store_new(o);
+	if (!s) {
+		fputs("outbox-relay: out of memory\n", stderr);
+		return NULL;
+	}
+	if (store_connect(s) < 0) {
+		fprintf(stderr, "outbox-relay: could not connect to the database: %s\n",
+		        store_errmsg(s));
+		store_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static int store_failed(struct store *s, const char *doing)
+{
+	fprintf(stderr, "outbox-relay: could not %s: %s\n", doing, store_errmsg(s));
+	store_free(s);
+	return 1;
+}
+
+static bool has_flag(int argc, char **argv, const char *flag)
+{
+	for (int i = 0; i < argc; i++)
+		if (strcmp(argv[i], flag) == 0)
+			return true;
+	return false;
+}
+
+/* Collects the words after --id (until the next --flag) into ids. Returns the count. */
+static size_t collect_ids(int argc, char **argv, const char **ids)
+{
+	size_t n = 0;
+
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--id") != 0)
+			continue;
+		while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+			ids[n++] = argv[++i];
+	}
+	return n;
+}
+
+static int unknown_args(int argc, char **argv, const char *const *known, const char *cmd)
+{
+	for (int i = 0; i < argc; i++) {
+		bool ok = false;
+
+		if (strncmp(argv[i], "--", 2) != 0)
+			continue; /* a value */
+		for (size_t k = 0; known[k]; k++)
+			if (strcmp(argv[i], known[k]) == 0)
+				ok = true;
+		if (!ok) {
+			fprintf(stderr, "outbox-relay: %s: unknown option '%s' (see outbox-relay help)\n",
+			        cmd, argv[i]);
+			return 2;
+		}
+	}
+	return 0;
+}
+
+int command_schema(const struct config *cfg, int argc, char **argv)
+{
+	char *sql;
+
+	(void)argv;
+	if (argc > 0) {
+		fputs("outbox-relay: schema takes no arguments\n", stderr);
+		return 2;
+	}
+	sql = store_schema_sql(cfg->database_table, cfg->database_channel);
+	if (!sql) {
+		fputs("outbox-relay: out of memory\n", stderr);
+		return 1;
+	}
+	fputs(sql, stdout);
+	free(sql);
+	return 0;
+}
+
+int command_migrate(const struct config *cfg, int argc, char **argv)
+{
+	struct store_options o;
+	struct store *s;
+
+	(void)argv;
+	if (argc > 0) {
+		fputs("outbox-relay: migrate takes no arguments\n", stderr);
+		return 2;
+	}
+	s = admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_migrate(s) < 0)
+		return store_failed(s, "migrate");
+	printf("table %s is up to date\n", cfg->database_table);
+	store_free(s);
+	return 0;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long size;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || size > MAX_BODY_FILE ||
+	    fseek(f, 0, SEEK_SET) != 0)
+		goto out;
+	buf = malloc((size_t)size + 1);
+	if (!buf)
+		goto out;
+	if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+		free(buf);
+		buf = NULL;
+		goto out;
+	}
+	buf[size] = '\0';
+	*len = (size_t)size;
+out:
+	fclose(f);
+	return buf;
+}
+
+/* "k=v" into obj; returns -1 when there is no '='. */
+static int add_pair(json_t *obj, const char *kv)
+{
+	const char *eq = strchr(kv, '=');
+	char key[256];
+	size_t klen;
+
+	if (!eq || eq == kv)
+		return -1;
+	klen = (size_t)(eq - kv);
+	if (klen >= sizeof(key))
+		return -1;
+	memcpy(key, kv, klen);
+	key[klen] = '\0';
+	return json_object_set_new(obj, key, json_string(eq + 1));
+}
+
+int command_enqueue(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = {"--exchange",  "--routing-key",  "--body",
+	                                    "--body-file", "--header",       "--property",
+	                                    "--delay",     "--ordering-key", "--id",
+	                                    "--content-type", NULL};
+	struct outbox_message m;
+	json_t *headers = json_object(), *props = json_object();
+	char *headers_s = NULL, *props_s = NULL, *file_body = NULL;
+	char idbuf[40], err[512];
+	const char *body_file = NULL;
+	PGconn *conn = NULL;
+	int rc = 2, r;
+
+	memset(&m, 0, sizeof(m));
+	if (!headers || !props)
+		goto out;
+	if (unknown_args(argc, argv, known, "enqueue"))
+		goto out;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (strncmp(a, "--", 2) != 0)
+			continue;
+		if (!v) {
+			fprintf(stderr, "outbox-relay: enqueue: %s needs a value\n", a);
+			goto out;
+		}
+		i++;
+		if (strcmp(a, "--exchange") == 0) {
+			m.exchange = v;
+		} else if (strcmp(a, "--routing-key") == 0) {
+			m.routing_key = v;
+		} else if (strcmp(a, "--body") == 0) {
+			m.body = v;
+			m.body_len = strlen(v);
+		} else if (strcmp(a, "--body-file") == 0) {
+			body_file = v;
+		} else if (strcmp(a, "--header") == 0 || strcmp(a, "--property") == 0) {
+			if (add_pair(a[2] == 'h' ? headers : props, v) < 0) {
+				fprintf(stderr, "outbox-relay: enqueue: %s wants key=value, got '%s'\n", a, v);
+				goto out;
+			}
+		} else if (strcmp(a, "--delay") == 0) {
+			if (config_parse_duration(v, &m.delay_ms) < 0) {
+				fprintf(stderr, "outbox-relay: enqueue: --delay: not a duration: '%s' "
+				                "(allowed: 500ms, 30s, 5m, 2h, 7d or seconds)\n", v);
+				goto out;
+			}
+		} else if (strcmp(a, "--ordering-key") == 0) {
+			m.ordering_key = v;
+		} else if (strcmp(a, "--id") == 0) {
+			m.id = v;
+		} else if (strcmp(a, "--content-type") == 0) {
+			m.content_type = v;
+		}
+	}
+	if (!m.exchange || !m.routing_key || (!m.body && !body_file)) {
+		fputs("outbox-relay: enqueue needs --exchange, --routing-key and --body or --body-file\n",
+		      stderr);
+		goto out;
+	}
+	if (body_file) {
+		file_body = read_file(body_file, &m.body_len);
+		if (!file_body) {
+			fprintf(stderr, "outbox-relay: enqueue: could not read --body-file '%s': %s\n",
+			        body_file, errno ? strerror(errno) : "too large");
+			rc = 1;
+			goto out;
+		}
+		m.body = file_body;
+	}
+	if (!m.id) {
+		/* A random v4-style UUID: ids only need to be unique. */
+		unsigned char rnd[16];
+		FILE *ur = fopen("/dev/urandom", "rb");
+
+		if (!ur || fread(rnd, 1, sizeof(rnd), ur) != sizeof(rnd)) {
+			if (ur)
+				fclose(ur);
+			fputs("outbox-relay: enqueue: could not read /dev/urandom\n", stderr);
+			rc = 1;
+			goto out;
+		}
+		fclose(ur);
+		rnd[6] = (unsigned char)((rnd[6] & 0x0f) | 0x40);
+		rnd[8] = (unsigned char)((rnd[8] & 0x3f) | 0x80);
+		snprintf(idbuf, sizeof(idbuf),
+		         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", rnd[0],
+		         rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7], rnd[8], rnd[9], rnd[10],
+		         rnd[11], rnd[12], rnd[13], rnd[14], rnd[15]);
+		m.id = idbuf;
+	}
+	headers_s = json_dumps(headers, JSON_COMPACT);
+	props_s = json_dumps(props, JSON_COMPACT);
+	if (!headers_s || !props_s) {
+		rc = 1;
+		goto out;
+	}
+	m.headers_json = headers_s;
+	m.properties_json = props_s;
+
+	conn = PQconnectdb(cfg->database_url);
+	if (PQstatus(conn) != CONNECTION_OK) {
+		char *msg = PQerrorMessage(conn);
+		size_t l = strlen(msg);
+
+		while (l > 0 && msg[l - 1] == '\n')
+			msg[--l] = '\0';
+		fprintf(stderr, "outbox-relay: could not connect to the database: %s\n", msg);
+		rc = 1;
+		goto out;
+	}
+	r = outbox_add(conn, cfg->database_table, &m, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "outbox-relay: enqueue: %s\n", err);
+		rc = r == OUTBOX_ERR_INVALID ? 2 : 1;
+		goto out;
+	}
+	printf("%s %s\n", r == OUTBOX_DUPLICATE ? "exists" : "enqueued", m.id);
+	rc = 0;
+out:
+	if (conn)
+		PQfinish(conn);
+	json_decref(headers);
+	json_decref(props);
+	free(headers_s);
+	free(props_s);
+	free(file_body);
+	return rc;
+}
+
+int command_status(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = {"--json", NULL};
+	struct store_options o;
+	struct store_status st;
+	struct store *s;
+	int rc;
+
+	if ((rc = unknown_args(argc, argv, known, "status")))
+		return rc;
+	s = admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_status(s, &st) < 0)
+		return store_failed(s, "read the status");
+	if (has_flag(argc, argv, "--json")) {
+		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table",
+		                      cfg->database_table, "pending", (json_int_t)st.pending, "leased",
+		                      (json_int_t)st.leased, "dead", (json_int_t)st.dead, "published",
+		                      (json_int_t)st.published, "oldest_pending_age_seconds",
+		                      st.oldest_pending_age_s, "blocked_keys",
+		                      (json_int_t)st.blocked_keys, "oldest_blocked_key",
+		                      st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
+		                      "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
+
+		if (j) {
+			json_dumpf(j, stdout, JSON_INDENT(2));
+			fputc('\n', stdout);
+			json_decref(j);
+		}
+	} else {
+		printf("table                %s\n", cfg->database_table);
+		printf("pending              %" PRId64 "\n", st.pending);
+		printf("leased               %" PRId64 "\n", st.leased);
+		printf("dead                 %" PRId64 "\n", st.dead);
+		printf("published (retained) %" PRId64 "\n", st.published);
+		printf("oldest pending age   %.1fs\n", st.oldest_pending_age_s);
+		printf("blocked keys         %" PRId64 "%s%s%s\n", st.blocked_keys,
+		       st.oldest_blocked_key[0] ? " (oldest: '" : "", st.oldest_blocked_key,
+		       st.oldest_blocked_key[0] ? "')" : "");
+	}
+	store_free(s);
+	return 0;
+}
+
+static void print_list(const struct store_list *l, bool json, bool keyed)
+{
+	if (json) {
+		json_t *arr = json_array();
+
+		for (size_t i = 0; arr && i < l->n; i++) {
+			const struct store_listed *it = &l->items[i];
+
+			json_array_append_new(
+				arr, json_pack("{s:s,s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "id", it->id,
+			                   "exchange", it->exchange, "routing_key", it->routing_key,
+			                   "ordering_key", it->ordering_key, "attempts", it->attempts,
+			                   "last_error", it->last_error, "created_at", it->created_at,
+			                   "available_at", it->available_at));
+		}
+		if (arr) {
+			json_dumpf(arr, stdout, JSON_INDENT(2));
+			fputc('\n', stdout);
+			json_decref(arr);
+		}
+		return;
+	}
+	if (l->n == 0) {
+		puts(keyed ? "no blocked ordering keys" : "no dead rows");
+		return;
+	}
+	for (size_t i = 0; i < l->n; i++) {
+		const struct store_listed *it = &l->items[i];
+
+		if (keyed)
+			printf("key '%s'  head %s  attempts %d  exchange '%s' routing key '%s'  "
+			       "available %s\n  last error: %s\n",
+			       it->ordering_key ? it->ordering_key : "", it->id, it->attempts,
+			       it->exchange, it->routing_key, it->available_at ? it->available_at : "",
+			       it->last_error ? it->last_error : "(none)");
+		else
+			printf("%s  attempts %d  exchange '%s' routing key '%s'%s%s%s  created %s\n"
+			       "  last error: %s\n",
+			       it->id, it->attempts, it->exchange, it->routing_key,
+			       it->ordering_key ? "  key '" : "", it->ordering_key ? it->ordering_key : "",
+			       it->ordering_key ? "'" : "", it->created_at ? it->created_at : "",
+			       it->last_error ? it->last_error : "(none)");
+	}
+}
+
+static int parse_limit(int argc, char **argv, size_t *limit)
+{
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--limit") == 0) {
+			char *end;
+			long long v;
+
+			if (i + 1 >= argc)
+				return -1;
+			errno = 0;
+			v = strtoll(argv[i + 1], &end, 10);
+			if (errno || *end || v < 0)
+				return -1;
+			*limit = (size_t)v;
+		}
+	}
+	return 0;
+}
+
+int command_dead(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = {"--json", "--limit", NULL};
+	struct store_options o;
+	struct store_list l = {0};
+	struct store *s;
+	size_t limit = 1000;
+	int rc;
+
+	if ((rc = unknown_args(argc, argv, known, "dead")))
+		return rc;
+	if (parse_limit(argc, argv, &limit) < 0) {
+		fputs("outbox-relay: dead: --limit wants a whole number\n", stderr);
+		return 2;
+	}
+	s = admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_dead(s, limit, &l) < 0)
+		return store_failed(s, "list dead rows");
+	print_list(&l, has_flag(argc, argv, "--json"), false);
+	store_list_free(&l);
+	store_free(s);
+	return 0;
+}
+
+int command_keys(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = {"--blocked", "--json", "--limit", NULL};
+	struct store_options o;
+	struct store_list l = {0};
+	struct store *s;
+	size_t limit = 1000;
+	int rc;
+
+	if ((rc = unknown_args(argc, argv, known, "keys")))
+		return rc;
+	if (!has_flag(argc, argv, "--blocked") || parse_limit(argc, argv, &limit) < 0) {
+		fputs("outbox-relay: usage: keys --blocked [--json] [--limit N]\n", stderr);
+		return 2;
+	}
+	s = admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_blocked_keys(s, limit, &l) < 0)
+		return store_failed(s, "list blocked keys");
+	print_list(&l, has_flag(argc, argv, "--json"), true);
+	store_list_free(&l);
+	store_free(s);
+	return 0;
+}
+
+static int ids_command(const struct config *cfg, int argc, char **argv, bool requeue)
+{
+	static const char *const known_rq[] = {"--id", "--all-dead", NULL};
+	static const char *const known_ds[] = {"--id", NULL};
+	const char *name = requeue ? "requeue" : "discard";
+	struct store_options o;
+	struct store *s;
+	const char **ids;
+	size_t n;
+	bool all_dead = requeue && has_flag(argc, argv, "--all-dead");
+	int64_t changed = 0;
+	int rc;
+
+	if ((rc = unknown_args(argc, argv, requeue ? known_rq : known_ds, name)))
+		return rc;
+	ids = calloc((size_t)argc + 1, sizeof(*ids));
+	if (!ids)
+		return 1;
+	n = collect_ids(argc, argv, ids);
+	if ((n == 0) == !all_dead) {
+		fprintf(stderr, "outbox-relay: usage: %s\n",
+		        requeue ? "requeue --id ID... | --all-dead" : "discard --id ID...");
+		free(ids);
+		return 2;
+	}
+	s = admin_open(cfg, &o);
+	if (!s) {
+		free(ids);
+		return 1;
+	}
+	rc = requeue ? store_requeue(s, ids, n, all_dead, &changed)
+	             : store_discard(s, ids, n, &changed);
+	free(ids);
+	if (rc < 0)
+		return store_failed(s, name);
+	printf("%s %" PRId64 " row%s\n", requeue ? "requeued" : "discarded", changed,
+	       changed == 1 ? "" : "s");
+	store_free(s);
+	return 0;
+}
+
+int command_requeue(const struct config *cfg, int argc, char **argv)
+{
+	return ids_command(cfg, argc, argv, true);
+}
+
+int command_discard(const struct config *cfg, int argc, char **argv)
+{
+	return ids_command(cfg, argc, argv, false);
+}
+
+int command_purge(const struct config *cfg, int argc, char **argv)
+{
+	struct store_options o;
+	struct store *s;
+	int64_t older = -1, deleted = 0;
+
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--older-than") == 0 && i + 1 < argc) {
+			if (config_parse_duration(argv[++i], &older) < 0)
+				older = -2;
+		} else {
+			older = -2;
+		}
+	}
+	if (older < 0) {
+		fputs("outbox-relay: usage: purge --older-than DURATION (e.g. 7d, 12h)\n", stderr);
+		return 2;
+	}
+	s = admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_purge(s, older, 5000, NULL, &deleted) < 0)
+		return store_failed(s, "purge");
+	printf("purged %" PRId64 " published row%s\n", deleted, deleted == 1 ? "" : "s");
+	store_free(s);
+	return 0;
+}
+
+int command_config(const struct config *cfg, int argc, char **argv)
+{
+	if (argc == 1 && strcmp(argv[0], "check") == 0) {
+		puts("configuration ok");
+		return 0;
+	}
+	if (argc == 1 && strcmp(argv[0], "show") == 0) {
+		for (size_t i = 0; i < config_key_count(); i++) {
+			char val[1024];
+
+			config_value_text(cfg, i, val, sizeof(val));
+			printf("%-28s %-40s %s\n", config_key_name(i), val,
+			       cfg->sources ? cfg->sources[i] : "");
+		}
+		return 0;
+	}
+	fputs("outbox-relay: usage: config check|show\n", stderr);
+	return 2;
+}
+
+int command_healthcheck(const struct config *cfg, int argc, char **argv)
+{
+	char listen[300], err[256];
+	int status;
+
+	(void)argv;
+	if (argc > 0) {
+		fputs("outbox-relay: healthcheck takes no arguments\n", stderr);
+		return 2;
+	}
+	if (!cfg->http_listen[0]) {
+		fputs("outbox-relay: healthcheck: http.listen is empty, nothing to ask\n", stderr);
+		return 1;
+	}
+	/* A wildcard listen address is reached on loopback. */
+	if (strncmp(cfg->http_listen, "0.0.0.0:", 8) == 0)
+		snprintf(listen, sizeof(listen), "127.0.0.1:%s", cfg->http_listen + 8);
+	else if (cfg->http_listen[0] == ':')
+		snprintf(listen, sizeof(listen), "127.0.0.1%s", cfg->http_listen);
+	else if (strncmp(cfg->http_listen, "[::]:", 5) == 0)
+		snprintf(listen, sizeof(listen), "[::1]:%s", cfg->http_listen + 5);
+	else
+		snprintf(listen, sizeof(listen), "%s", cfg->http_listen);
+	status = http_get_status(listen, "/readyz", 3000, err, sizeof(err));
+	if (status == 200) {
+		puts("ready");
+		return 0;
+	}
+	if (status < 0)
+		fprintf(stderr, "outbox-relay: healthcheck: %s\n", err);
+	else
+		fprintf(stderr, "outbox-relay: healthcheck: /readyz answered %d\n", status);
+	return 1;
+}

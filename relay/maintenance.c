@@ -1,0 +1,162 @@
+/* The maintenance loop: refreshes the table gauges behind /metrics and the summary line, and
+ * purges published rows past relay.retention in bounded batches, on its own connection so
+ * that neither a scrape nor a purge ever waits on (or slows) a relay loop. */
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "relay/backoff.h"
+#include "relay/clock.h"
+#include "relay/log.h"
+#include "relay/metrics.h"
+#include "relay/relay.h"
+#include "store/outbox_store.h"
+
+#define GAUGE_INTERVAL_MS 5000
+#define PURGE_BATCH 5000
+
+struct maintenance {
+	struct relay *relay;
+	struct store_options opts;
+	struct store *store;
+	pthread_t thread;
+	volatile int stop_purge;
+	uint64_t seed;
+};
+
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void refresh_gauges(struct maintenance *m)
+{
+	struct store_status st;
+
+	if (store_status(m->store, &st) < 0) {
+		log_event(LOG_WARN, "maintenance", "could not read table status, will retry", "error",
+		          store_errmsg(m->store), (char *)NULL);
+		store_disconnect(m->store);
+		return;
+	}
+	atomic_store(&g_metrics.pending, st.pending);
+	atomic_store(&g_metrics.leased, st.leased);
+	atomic_store(&g_metrics.dead_rows, st.dead);
+	atomic_store(&g_metrics.published_rows, st.published);
+	atomic_store(&g_metrics.oldest_pending_age_ms, (long long)(st.oldest_pending_age_s * 1000));
+	atomic_store(&g_metrics.blocked_keys, st.blocked_keys);
+	atomic_store(&g_metrics.table_stats_at_ms, wall_ms());
+}
+
+static void purge(struct maintenance *m)
+{
+	const struct config *cfg = m->relay->cfg;
+	int64_t deleted = 0;
+	char s_del[24], s_ret[32];
+
+	if (store_purge(m->store, cfg->relay_retention_ms, PURGE_BATCH, &m->stop_purge, &deleted) <
+	    0) {
+		log_event(LOG_WARN, "maintenance", "could not purge published rows, will retry",
+		          "error", store_errmsg(m->store), (char *)NULL);
+		store_disconnect(m->store);
+		return;
+	}
+	if (deleted > 0) {
+		snprintf(s_del, sizeof(s_del), "%" PRId64, deleted);
+		config_format_duration(cfg->relay_retention_ms, s_ret, sizeof(s_ret));
+		log_event(LOG_INFO, "maintenance", "purged published rows past retention", "rows", s_del,
+		          "retention", s_ret, (char *)NULL);
+	}
+}
+
+static void *maintenance_main(void *arg)
+{
+	struct maintenance *m = arg;
+	const struct config *cfg = m->relay->cfg;
+	int64_t next_gauges = 0, next_purge = clock_mono_ms() + 1000, retry_at = 0;
+	int64_t failures = 0;
+
+	while (!atomic_load(&m->relay->stopping)) {
+		int64_t now = clock_mono_ms(), wait;
+		struct pollfd p = {.fd = m->relay->wake_fd, .events = POLLIN};
+
+		if (!store_connected(m->store) && now >= retry_at) {
+			if (store_connect(m->store) < 0) {
+				failures++;
+				retry_at = now + backoff_ms(500, 30000, failures, &m->seed);
+				if (failures == 1)
+					log_event(LOG_WARN, "maintenance",
+					          "could not connect to database, will retry", "error",
+					          store_errmsg(m->store), (char *)NULL);
+			} else {
+				failures = 0;
+			}
+		}
+		if (store_connected(m->store)) {
+			if (now >= next_gauges) {
+				refresh_gauges(m);
+				next_gauges = now + GAUGE_INTERVAL_MS;
+			}
+			if (store_connected(m->store) && cfg->relay_retention_ms > 0 && now >= next_purge) {
+				purge(m);
+				next_purge = now + cfg->relay_purge_interval_ms;
+			}
+		}
+		wait = next_gauges - clock_mono_ms();
+		if (!store_connected(m->store))
+			wait = retry_at - clock_mono_ms();
+		if (wait < 10)
+			wait = 10;
+		if (wait > GAUGE_INTERVAL_MS)
+			wait = GAUGE_INTERVAL_MS;
+		(void)poll(&p, 1, (int)wait);
+	}
+	store_disconnect(m->store);
+	return NULL;
+}
+
+struct maintenance *maintenance_start(struct relay *r)
+{
+	const struct config *cfg = r->cfg;
+	struct maintenance *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	m->relay = r;
+	m->seed = (uint64_t)clock_mono_us() | 1;
+	m->opts.conninfo = cfg->database_url;
+	m->opts.table = cfg->database_table;
+	m->opts.channel = "";
+	m->opts.relay_id = cfg->relay_id;
+	m->opts.application_name = "outbox-relay maintenance";
+	m->opts.lease_ms = cfg->relay_lease_ms;
+	m->opts.max_attempts = (int)cfg->relay_max_attempts;
+	m->opts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
+	m->opts.batch_size = (int)cfg->relay_batch_size;
+	m->opts.admin = true;
+	m->store = store_new(&m->opts);
+	if (!m->store || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
+		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread",
+		          (char *)NULL);
+		store_free(m->store);
+		free(m);
+		return NULL;
+	}
+	return m;
+}
+
+void maintenance_stop(struct maintenance *m)
+{
+	if (!m)
+		return;
+	m->stop_purge = 1;
+	pthread_join(m->thread, NULL);
+	store_free(m->store);
+	free(m);
+}

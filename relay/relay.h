@@ -1,0 +1,54 @@
+/* What the relay threads share: the configuration snapshot, the stop flag and the self-pipe
+ * that wakes every waiting thread at once. */
+#ifndef OUTBOX_RELAY_RELAY_H
+#define OUTBOX_RELAY_RELAY_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "config/config.h"
+
+struct relay {
+	const struct config *cfg;  /* borrowed, immutable */
+	atomic_int stopping;       /* set once by the signal handler */
+	/* CLOCK_MONOTONIC ms after which waits for confirms give up (0 = none); set when
+	 * stopping so that shutdown is bounded by relay.shutdown_timeout. */
+	atomic_llong abort_at_ms;
+	/* Read end of the self-pipe. It is written once on shutdown and never drained, so it
+	 * stays readable and every poll() that includes it returns at once. */
+	int wake_fd;
+};
+
+/* One relay loop: its own PostgreSQL and AMQP connections, claiming, publishing and marking
+ * until r->stopping. */
+struct worker;
+
+/* Creates worker number index (0-based) for r (borrowed). NULL on out of memory. */
+struct worker *worker_new(struct relay *r, int index);
+void worker_free(struct worker *w); /* accepts NULL; the thread must have been joined */
+/* pthread entry point; arg is a struct worker *. Returns NULL. */
+void *worker_main(void *arg);
+
+/* The maintenance loop: table gauges for /metrics and the retention purge, on a connection
+ * of its own so that neither slows the relay loops. */
+struct maintenance;
+struct maintenance *maintenance_start(struct relay *r); /* NULL if the thread cannot start */
+void maintenance_stop(struct maintenance *m);           /* joins; accepts NULL */
+
+/* Command-line entry points (relay/commands.c). argv excludes the command word. Each
+ * returns the process exit code: 0 ok, 1 runtime failure, 2 usage. */
+int command_schema(const struct config *cfg, int argc, char **argv);
+int command_migrate(const struct config *cfg, int argc, char **argv);
+int command_enqueue(const struct config *cfg, int argc, char **argv);
+int command_status(const struct config *cfg, int argc, char **argv);
+int command_dead(const struct config *cfg, int argc, char **argv);
+int command_requeue(const struct config *cfg, int argc, char **argv);
+int command_discard(const struct config *cfg, int argc, char **argv);
+int command_keys(const struct config *cfg, int argc, char **argv);
+int command_purge(const struct config *cfg, int argc, char **argv);
+int command_config(const struct config *cfg, int argc, char **argv);
+int command_healthcheck(const struct config *cfg, int argc, char **argv);
+int command_run(const struct config *cfg, int argc, char **argv);
+
+#endif

@@ -1,0 +1,258 @@
+/* `outbox-relay run`: start the relay loops, the maintenance loop and the HTTP endpoint, log a
+ * summary line every 10 s while busy, and shut down in order on SIGTERM/SIGINT. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "relay/clock.h"
+#include "relay/http.h"
+#include "relay/log.h"
+#include "relay/metrics.h"
+#include "relay/relay.h"
+#include "store/outbox_store.h"
+
+#define SUMMARY_INTERVAL_MS 10000
+
+static struct relay g_relay;
+static int wake_pipe[2] = {-1, -1};
+
+/* Async-signal-safe: an atomic flag and one write. A second signal cuts the wait for
+ * outstanding confirms short. */
+static void on_signal(int sig)
+{
+	int saved = errno;
+	struct timespec ts;
+
+	(void)sig;
+	if (atomic_exchange(&g_relay.stopping, 1)) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		atomic_store(&g_relay.abort_at_ms, (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+	} else if (wake_pipe[1] >= 0) {
+		ssize_t n = write(wake_pipe[1], "x", 1);
+		(void)n;
+	}
+	errno = saved;
+}
+
+static int install_signals(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
+		return -1;
+	sa.sa_handler = SIG_IGN;
+	return sigaction(SIGPIPE, &sa, NULL);
+}
+
+static void log_config(const struct config *cfg)
+{
+	/* The effective configuration, secrets redacted: the first thing an operator reads when
+	 * asking "what is it running with?". */
+	for (size_t i = 0; i < config_key_count(); i++) {
+		char val[512];
+
+		config_value_text(cfg, i, val, sizeof(val));
+		log_event(LOG_INFO, "config", "setting", "key", config_key_name(i), "value", val,
+		          "source", cfg->sources ? cfg->sources[i] : NULL, (char *)NULL);
+	}
+}
+
+static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
+{
+	int64_t now = clock_mono_ms();
+	uint64_t pub = atomic_load_explicit(&g_metrics.published, memory_order_relaxed);
+	uint64_t fail = 0;
+	char s_pub[24], s_fail[24], s_rate[32], s_pend[24], s_age[32];
+	double secs = (double)(now - *last_ms) / 1000.0;
+
+	for (int i = 0; i < METRICS_FAIL_REASONS; i++)
+		fail += atomic_load_explicit(&g_metrics.failed[i], memory_order_relaxed);
+	if ((int64_t)pub == *last_pub && fail == *last_fail) {
+		*last_ms = now; /* silence when idle */
+		return;
+	}
+	snprintf(s_pub, sizeof(s_pub), "%" PRIu64, pub - (uint64_t)*last_pub);
+	snprintf(s_fail, sizeof(s_fail), "%" PRIu64, fail - *last_fail);
+	snprintf(s_rate, sizeof(s_rate), "%.0f/s", secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0);
+	if (atomic_load(&g_metrics.table_stats_at_ms)) {
+		snprintf(s_pend, sizeof(s_pend), "%lld", (long long)atomic_load(&g_metrics.pending));
+		snprintf(s_age, sizeof(s_age), "%.1fs",
+		         (double)atomic_load(&g_metrics.oldest_pending_age_ms) / 1000.0);
+	} else {
+		snprintf(s_pend, sizeof(s_pend), "unknown");
+		snprintf(s_age, sizeof(s_age), "unknown");
+	}
+	log_event(LOG_INFO, "relay", "summary", "published", s_pub, "failed", s_fail, "rate", s_rate,
+	          "pending", s_pend, "oldest_pending_age", s_age, (char *)NULL);
+	*last_pub = (int64_t)pub;
+	*last_fail = fail;
+	*last_ms = now;
+}
+
+/* Releases whatever this relay id still holds after the loops stopped (rows claimed but
+ * never published because we were stopping), so another relay takes them at once instead of
+ * after the lease. */
+static void release_leases(const struct config *cfg)
+{
+	struct store_options o = {
+		.conninfo = cfg->database_url,
+		.table = cfg->database_table,
+		.channel = "",
+		.relay_id = cfg->relay_id,
+		.application_name = "outbox-relay shutdown",
+		.lease_ms = cfg->relay_lease_ms,
+		.max_attempts = (int)cfg->relay_max_attempts,
+		.batch_size = (int)cfg->relay_batch_size,
+		.admin = true,
+	};
+	struct store *s = store_new(&o);
+
+	if (!s)
+		return;
+	if (store_connect(s) < 0 || store_release(s, NULL, 0) < 0)
+		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
+		          "error", store_errmsg(s), (char *)NULL);
+	store_free(s);
+}
+
+int command_run(const struct config *cfg, int argc, char **argv)
+{
+	int nworkers = (int)cfg->relay_workers;
+	struct worker **workers = NULL;
+	pthread_t *threads = NULL;
+	int started = 0;
+	struct maintenance *maint = NULL;
+	struct http_server *http = NULL;
+	char err[256], s_workers[16], s_batch[16];
+	int64_t last_pub = 0, last_ms = clock_mono_ms();
+	uint64_t last_fail = 0;
+	int rc = 1;
+
+	if (argc > 0) {
+		fprintf(stderr, "outbox-relay: run takes no arguments, got '%s'\n", argv[0]);
+		return 2;
+	}
+	if (pipe(wake_pipe) < 0) {
+		log_event(LOG_ERROR, "relay", "could not create the wake-up pipe", "error",
+		          strerror(errno), (char *)NULL);
+		return 1;
+	}
+	(void)fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC);
+	(void)fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC);
+	(void)fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK);
+	g_relay.cfg = cfg;
+	g_relay.wake_fd = wake_pipe[0];
+	atomic_store(&g_relay.stopping, 0);
+	atomic_store(&g_relay.abort_at_ms, 0);
+	if (install_signals() < 0)
+		goto out;
+
+	{
+		char db[512], mq[512];
+
+		config_redact(cfg->database_url, db, sizeof(db));
+		config_redact(cfg->amqp_url, mq, sizeof(mq));
+		snprintf(s_workers, sizeof(s_workers), "%d", nworkers);
+		snprintf(s_batch, sizeof(s_batch), "%lld", (long long)cfg->relay_batch_size);
+		log_event(LOG_INFO, "relay", "starting outbox-relay", "version", OUTBOX_VERSION,
+		          "relay_id", cfg->relay_id, "table", cfg->database_table, "database", db,
+		          "broker", mq, "workers", s_workers, "batch_size", s_batch, "http",
+		          cfg->http_listen, (char *)NULL);
+		log_config(cfg);
+	}
+
+	atomic_store(&g_metrics.workers, nworkers);
+	if (cfg->http_listen[0]) {
+		int64_t stale = 5 * cfg->relay_poll_interval_ms + cfg->amqp_confirm_timeout_ms +
+		                10000;
+
+		http = http_start(cfg->http_listen, stale, OUTBOX_VERSION, err, sizeof(err));
+		if (!http) {
+			log_event(LOG_ERROR, "http", "could not start the HTTP endpoint", "listen",
+			          cfg->http_listen, "error", err, (char *)NULL);
+			goto out;
+		}
+		log_event(LOG_INFO, "http", "serving /healthz /readyz /metrics", "listen",
+		          cfg->http_listen, (char *)NULL);
+	}
+
+	workers = calloc((size_t)nworkers, sizeof(*workers));
+	threads = calloc((size_t)nworkers, sizeof(*threads));
+	if (!workers || !threads)
+		goto out;
+	for (int i = 0; i < nworkers; i++) {
+		workers[i] = worker_new(&g_relay, i);
+		if (!workers[i])
+			goto out;
+	}
+	for (; started < nworkers; started++) {
+		if (pthread_create(&threads[started], NULL, worker_main, workers[started]) != 0) {
+			log_event(LOG_ERROR, "relay", "could not start a relay thread", (char *)NULL);
+			atomic_store(&g_relay.stopping, 1);
+			goto out;
+		}
+	}
+	maint = maintenance_start(&g_relay);
+
+	while (!atomic_load(&g_relay.stopping)) {
+		struct pollfd p = {.fd = wake_pipe[0], .events = POLLIN};
+
+		(void)poll(&p, 1, 1000);
+		if (clock_mono_ms() - last_ms >= SUMMARY_INTERVAL_MS)
+			summary(&last_pub, &last_fail, &last_ms);
+	}
+	rc = 0;
+out:
+	if (started > 0 || rc != 0) {
+		char s_to[32];
+
+		config_format_duration(cfg->relay_shutdown_timeout_ms, s_to, sizeof(s_to));
+		if (rc == 0)
+			log_event(LOG_INFO, "relay", "stopping: waiting for outstanding confirms",
+			          "timeout", s_to, (char *)NULL);
+		atomic_store(&g_relay.stopping, 1);
+		if (wake_pipe[1] >= 0) {
+			ssize_t n = write(wake_pipe[1], "x", 1);
+			(void)n;
+		}
+		{
+			long long deadline = clock_mono_ms() + cfg->relay_shutdown_timeout_ms;
+			long long expected = 0;
+
+			/* Keep an earlier deadline set by a second signal. */
+			atomic_compare_exchange_strong(&g_relay.abort_at_ms, &expected, deadline);
+		}
+	}
+	for (int i = 0; i < started; i++)
+		pthread_join(threads[i], NULL);
+	maintenance_stop(maint);
+	if (started > 0) {
+		release_leases(cfg);
+		if (rc == 0) {
+			summary(&last_pub, &last_fail, &last_ms);
+			log_event(LOG_INFO, "relay", "stopped", (char *)NULL);
+		}
+	}
+	http_stop(http);
+	if (workers)
+		for (int i = 0; i < nworkers; i++)
+			worker_free(workers[i]);
+	free(workers);
+	free(threads);
+	if (wake_pipe[0] >= 0)
+		close(wake_pipe[0]);
+	if (wake_pipe[1] >= 0)
+		close(wake_pipe[1]);
+	wake_pipe[0] = wake_pipe[1] = -1;
+	return rc;
+}

@@ -1,0 +1,639 @@
+/* One relay loop: claim a batch under a lease, publish it with confirms, mark what the broker
+ * confirmed, charge what it refused, release what it never answered. Reconnects both ends
+ * with backoff and never drops a row it cannot account for: such rows stay leased and come
+ * back when the lease runs out. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "amqp/broker.h"
+#include "relay/backoff.h"
+#include "relay/clock.h"
+#include "relay/log.h"
+#include "relay/metrics.h"
+#include "relay/relay.h"
+#include "store/outbox_store.h"
+
+/* Reconnect backoff bounds: quick first retry (a restart takes seconds), capped so an outage
+ * costs at most this long after the far end is back. */
+#define RECONNECT_MIN_MS 250
+#define RECONNECT_MAX_MS 15000
+/* Confirmed ids kept in memory while the database is away, to be marked once it is back. A
+ * relay that cannot mark stops claiming, so this only ever holds one batch's worth. */
+#define OWED_MAX 20000
+
+struct endpoint_state {
+	bool up;             /* counted in g_metrics */
+	int64_t failures;    /* consecutive failed attempts */
+	int64_t retry_at_ms; /* CLOCK_MONOTONIC */
+	int64_t down_since_ms;
+};
+
+struct worker {
+	int index;
+	struct relay *relay;
+	const struct config *cfg;
+	char component[24];
+	char app_name[64];
+
+	struct store_options sopts;
+	struct broker_options bopts;
+	struct store *store;
+	struct broker *broker;
+	struct endpoint_state db, mq;
+
+	struct store_batch batch;
+	size_t cap; /* capacity of the arrays below */
+	struct broker_message *msgs;
+	struct broker_result *res;
+	const char **published; /* ids confirmed in this batch */
+	const char **released;  /* ids never answered */
+	struct store_failure *failures;
+
+	char **owed; /* confirmed ids not yet marked (database was away); owned copies */
+	size_t n_owed;
+
+	bool armed; /* the wake-up flag is armed by us and not yet disarmed */
+	uint64_t seed;
+};
+
+static void set_tick(struct worker *w)
+{
+	atomic_store_explicit(&g_metrics.tick_ms[w->index], clock_mono_ms(),
+	                      memory_order_relaxed);
+}
+
+static void fmt_ms(int64_t ms, char *buf, size_t n)
+{
+	if (ms < 1000)
+		snprintf(buf, n, "%" PRId64 "ms", ms);
+	else
+		snprintf(buf, n, "%.1fs", (double)ms / 1000.0);
+}
+
+/* ---- connection state ---- */
+
+static void endpoint_up(struct worker *w, struct endpoint_state *e, atomic_int *gauge,
+                        const char *what, const char *detail)
+{
+	char down[32];
+
+	if (e->failures > 0 || e->down_since_ms) {
+		fmt_ms(clock_mono_ms() - e->down_since_ms, down, sizeof(down));
+		log_event(LOG_INFO, w->component, "reconnected", "to", what, "after", down,
+		          detail ? "server" : NULL, detail, (char *)NULL);
+	} else {
+		log_event(LOG_INFO, w->component, "connected", "to", what, detail ? "server" : NULL,
+		          detail, (char *)NULL);
+	}
+	e->up = true;
+	e->failures = 0;
+	e->down_since_ms = 0;
+	atomic_fetch_add_explicit(gauge, 1, memory_order_relaxed);
+}
+
+/* Records a failed connect or a lost connection and schedules the next try. One warn line
+ * per state change; repeated failures while down are logged at debug. */
+static void endpoint_down(struct worker *w, struct endpoint_state *e, atomic_int *gauge,
+                          const char *what, const char *error)
+{
+	int64_t now = clock_mono_ms();
+	bool was_up = e->up;
+	char wait[32];
+	int64_t delay;
+
+	if (e->up) {
+		e->up = false;
+		atomic_fetch_sub_explicit(gauge, 1, memory_order_relaxed);
+	}
+	if (!e->down_since_ms)
+		e->down_since_ms = now;
+	e->failures++;
+	delay = backoff_ms(RECONNECT_MIN_MS, RECONNECT_MAX_MS, e->failures, &w->seed);
+	e->retry_at_ms = now + delay;
+	fmt_ms(delay, wait, sizeof(wait));
+	if (was_up)
+		log_event(LOG_WARN, w->component, "lost connection, will reconnect", "to", what,
+		          "retry_in", wait, "error", error, (char *)NULL);
+	else if (e->failures == 1)
+		log_event(LOG_WARN, w->component, "could not connect, will retry", "to", what,
+		          "retry_in", wait, "error", error, (char *)NULL);
+	else {
+		char att[24];
+
+		snprintf(att, sizeof(att), "%" PRId64, e->failures);
+		log_event(LOG_DEBUG, w->component, "could not connect, will retry", "to", what,
+		          "retry_in", wait, "attempt", att, "error", error, (char *)NULL);
+	}
+}
+
+static bool ensure_db(struct worker *w)
+{
+	int rc;
+
+	if (store_connected(w->store))
+		return true;
+	if (clock_mono_ms() < w->db.retry_at_ms)
+		return false;
+	rc = store_connect(w->store);
+	if (rc == STORE_OK) {
+		endpoint_up(w, &w->db, &g_metrics.db_up, "database", NULL);
+		/* A stale armed flag from before the outage is cleared by the next claim. */
+		w->armed = true;
+		return true;
+	}
+	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
+	return false;
+}
+
+static bool ensure_broker(struct worker *w)
+{
+	int rc;
+
+	if (broker_connected(w->broker))
+		return true;
+	if (clock_mono_ms() < w->mq.retry_at_ms)
+		return false;
+	rc = broker_connect(w->broker);
+	if (rc == BROKER_OK) {
+		endpoint_up(w, &w->mq, &g_metrics.broker_up, "broker", NULL);
+		return true;
+	}
+	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
+	return false;
+}
+
+static void db_failed(struct worker *w, int rc, const char *doing)
+{
+	if (rc == STORE_ERR_CONN || !store_connected(w->store)) {
+		store_disconnect(w->store);
+		endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
+		return;
+	}
+	/* The connection is alive but the statement failed (lock timeout, constraint, a DBA
+	 * dropping a column...): say so and back off; leases keep the rows safe. */
+	log_event(LOG_ERROR, w->component, "database statement failed, will retry", "doing", doing,
+	          "error", store_errmsg(w->store), (char *)NULL);
+	store_disconnect(w->store);
+	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
+}
+
+static void broker_failed(struct worker *w, int rc)
+{
+	const char *why = rc == BROKER_ERR_TIMEOUT ? "timeout" : "connection";
+
+	broker_disconnect(w->broker);
+	if (w->mq.up)
+		log_event(LOG_WARN, w->component, "broker did not confirm the batch, unconfirmed rows released",
+		          "reason", why, "error", broker_errmsg(w->broker), (char *)NULL);
+	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
+}
+
+/* ---- waiting ---- */
+
+/* Sleeps until a notification, the deadline, or shutdown, servicing the broker connection
+ * (heartbeats, connection.blocked) at least every heartbeat/2 meanwhile. */
+static void wait_for_work(struct worker *w, int64_t deadline_ms)
+{
+	int64_t hb_ms = w->cfg->amqp_heartbeat_ms > 0 ? w->cfg->amqp_heartbeat_ms / 2 : 5000;
+
+	for (;;) {
+		struct pollfd pfd[3];
+		nfds_t n = 0;
+		int64_t now = clock_mono_ms();
+		int64_t timeout = deadline_ms - now;
+		int db_i = -1;
+		bool woken = false;
+		int rc;
+
+		set_tick(w);
+		if (timeout <= 0 || atomic_load(&w->relay->stopping))
+			return;
+		if (timeout > hb_ms)
+			timeout = hb_ms;
+		pfd[n].fd = w->relay->wake_fd;
+		pfd[n++].events = POLLIN;
+		if (store_socket(w->store) >= 0) {
+			db_i = (int)n;
+			pfd[n].fd = store_socket(w->store);
+			pfd[n++].events = POLLIN;
+		}
+		if (broker_fd(w->broker) >= 0) {
+			pfd[n].fd = broker_fd(w->broker);
+			pfd[n++].events = POLLIN;
+		}
+		rc = poll(pfd, n, (int)timeout);
+		if (rc < 0 && errno != EINTR)
+			return;
+		if (db_i >= 0 && rc > 0 && pfd[db_i].revents) {
+			rc = store_consume_input(w->store, &woken);
+			if (rc < 0) {
+				db_failed(w, rc, "waiting for notifications");
+				return;
+			}
+			if (woken)
+				return;
+		}
+		/* Service the broker on readability and on every heartbeat/2 timeout alike:
+		 * rabbitmq-c only sends heartbeats from inside its own calls. */
+		if (broker_connected(w->broker)) {
+			rc = broker_service(w->broker);
+			if (rc < 0) {
+				broker_failed(w, rc);
+				return;
+			}
+		}
+	}
+}
+
+/* ---- batches ---- */
+
+static int grow(struct worker *w, size_t n)
+{
+	size_t cap = w->cap ? w->cap : 64;
+	void *p;
+
+	if (n <= w->cap)
+		return 0;
+	while (cap < n)
+		cap *= 2;
+#define GROW(field)                                                \
+	do {                                                           \
+		p = realloc(w->field, cap * sizeof(*w->field));            \
+		if (!p)                                                    \
+			return -1;                                             \
+		w->field = p;                                              \
+	} while (0)
+	GROW(msgs);
+	GROW(res);
+	GROW(published);
+	GROW(released);
+	GROW(failures);
+#undef GROW
+	w->cap = cap;
+	return 0;
+}
+
+static enum metrics_fail_reason fail_reason(enum broker_outcome o)
+{
+	switch (o) {
+	case BROKER_NACKED:
+		return METRICS_FAIL_NACKED;
+	case BROKER_RETURNED:
+		return METRICS_FAIL_UNROUTABLE;
+	case BROKER_REFUSED:
+		return METRICS_FAIL_REFUSED;
+	default:
+		return METRICS_FAIL_INVALID;
+	}
+}
+
+/* Keeps confirmed ids to mark once the database is back (else they are republished when
+ * their lease runs out: a duplicate, not a loss). */
+static void owe_marks(struct worker *w, const char *const *ids, size_t n)
+{
+	for (size_t i = 0; i < n && w->n_owed < OWED_MAX; i++) {
+		char *copy = strdup(ids[i]);
+		char **p;
+
+		if (!copy)
+			return;
+		p = realloc(w->owed, (w->n_owed + 1) * sizeof(*w->owed));
+		if (!p) {
+			free(copy);
+			return;
+		}
+		w->owed = p;
+		w->owed[w->n_owed++] = copy;
+	}
+}
+
+static void clear_owed(struct worker *w)
+{
+	for (size_t i = 0; i < w->n_owed; i++)
+		free(w->owed[i]);
+	free(w->owed);
+	w->owed = NULL;
+	w->n_owed = 0;
+}
+
+static int pay_owed(struct worker *w)
+{
+	int rc;
+
+	if (!w->n_owed)
+		return 0;
+	rc = store_mark_published(w->store, (const char *const *)w->owed, w->n_owed,
+	                          w->cfg->relay_retention_ms == 0);
+	if (rc < 0) {
+		db_failed(w, rc, "marking rows confirmed while the database was away");
+		return rc;
+	}
+	{
+		char rows[24];
+
+		snprintf(rows, sizeof(rows), "%zu", w->n_owed);
+		log_event(LOG_INFO, w->component, "marked rows confirmed while the database was away",
+		          "rows", rows, (char *)NULL);
+	}
+	clear_owed(w);
+	return 0;
+}
+
+static void log_failure(struct worker *w, const struct store_row *row,
+                        const struct broker_result *res, const struct store_failure *f,
+                        int attempts)
+{
+	char wait[32], att[16];
+
+	snprintf(att, sizeof(att), "%d", attempts);
+	if (!f->dead) {
+		fmt_ms(f->delay_ms, wait, sizeof(wait));
+		log_event(LOG_WARN, w->component, "could not publish, will retry", "id", row->id,
+		          "exchange", row->exchange, "routing_key", row->routing_key, "attempt", att,
+		          "retry_in", wait, "error", res->error, (char *)NULL);
+		return;
+	}
+	log_event(LOG_ERROR, w->component, "message is dead, an operator must requeue or discard it",
+	          "id", row->id, "exchange", row->exchange, "routing_key", row->routing_key,
+	          "attempts", att, "error", res->error, "ordering_key", row->ordering_key,
+	          (char *)NULL);
+	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
+		log_event(LOG_ERROR, w->component, "dead row set aside, its ordering key moves on",
+		          "ordering_key", row->ordering_key, "id", row->id, (char *)NULL);
+		atomic_fetch_add_explicit(&g_metrics.skipped_dead, 1, memory_order_relaxed);
+	}
+}
+
+/* Publishes the claimed batch and settles every row: published, failed (charged), dead, or
+ * released. Returns false when a connection failed (the caller reconnects). */
+static bool relay_batch(struct worker *w)
+{
+	const struct config *cfg = w->cfg;
+	struct store_batch *b = &w->batch;
+	size_t n = b->n, n_pub = 0, n_rel = 0, n_fail = 0;
+	int64_t t0 = clock_mono_us();
+	int brc, rc;
+	bool ok = true;
+
+	if (grow(w, n) < 0) {
+		log_event(LOG_ERROR, w->component, "out of memory, releasing the batch", (char *)NULL);
+		for (size_t i = 0; i < n; i++)
+			w->released[i] = b->rows[i].id;
+		(void)store_release(w->store, w->released, n);
+		return true;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct store_row *r = &b->rows[i];
+		struct broker_message *m = &w->msgs[i];
+
+		m->id = r->id;
+		m->exchange = r->exchange;
+		m->routing_key = r->routing_key;
+		m->body = r->body;
+		m->body_len = r->body_len;
+		m->body_encoding = r->body_encoding;
+		m->content_type = r->content_type;
+		m->headers_json = r->headers;
+		m->properties_json = r->properties;
+		m->timestamp_s = r->created_at_s;
+		w->res[i].outcome = BROKER_PENDING;
+		w->res[i].error[0] = '\0';
+		w->res[i].confirm_us = 0;
+	}
+	atomic_fetch_add_explicit(&g_metrics.claimed, n, memory_order_relaxed);
+
+	brc = broker_publish(w->broker, w->msgs, n, w->res);
+	if (brc == BROKER_OK)
+		brc = broker_confirm(w->broker, w->msgs, n, w->res);
+
+	for (size_t i = 0; i < n; i++) {
+		const struct store_row *r = &b->rows[i];
+		struct broker_result *res = &w->res[i];
+		struct store_failure *f;
+		int attempts;
+
+		switch (res->outcome) {
+		case BROKER_ACKED:
+			w->published[n_pub++] = r->id;
+			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);
+			break;
+		case BROKER_PENDING:
+			w->released[n_rel++] = r->id;
+			break;
+		default:
+			f = &w->failures[n_fail++];
+			attempts = r->attempts + 1;
+			f->id = r->id;
+			f->error = res->error;
+			f->dead = res->outcome == BROKER_INVALID || attempts >= cfg->relay_max_attempts;
+			if (res->outcome == BROKER_INVALID)
+				attempts = (int)cfg->relay_max_attempts;
+			f->delay_ms = f->dead ? 0
+			                      : backoff_ms(cfg->relay_retry_backoff_min_ms,
+			                                   cfg->relay_retry_backoff_max_ms, attempts,
+			                                   &w->seed);
+			atomic_fetch_add_explicit(&g_metrics.failed[fail_reason(res->outcome)], 1,
+			                          memory_order_relaxed);
+			if (f->dead)
+				atomic_fetch_add_explicit(&g_metrics.dead, 1, memory_order_relaxed);
+			log_failure(w, r, res, f, attempts);
+			break;
+		}
+	}
+
+	if (brc < 0) {
+		broker_failed(w, brc);
+		ok = false;
+	}
+
+	/* Confirmed rows first: they are the ones a crash here would publish twice. */
+	if (n_pub) {
+		rc = store_mark_published(w->store, w->published, n_pub,
+		                          cfg->relay_retention_ms == 0);
+		if (rc < 0) {
+			owe_marks(w, w->published, n_pub);
+			db_failed(w, rc, "marking rows published");
+			return false;
+		}
+		atomic_fetch_add_explicit(&g_metrics.published, n_pub, memory_order_relaxed);
+	}
+	if (n_fail) {
+		rc = store_mark_failed(w->store, w->failures, n_fail, NULL);
+		if (rc < 0) {
+			/* The failure path failing is left to the lease: the rows come back after it
+			 * and are tried again. */
+			log_event(LOG_WARN, w->component,
+			          "could not record failed rows, they return when their lease ends",
+			          "error", store_errmsg(w->store), (char *)NULL);
+			db_failed(w, rc, "marking rows failed");
+			return false;
+		}
+	}
+	if (n_rel) {
+		rc = store_release(w->store, w->released, n_rel);
+		if (rc < 0) {
+			db_failed(w, rc, "releasing leases");
+			return false;
+		}
+		atomic_fetch_add_explicit(&g_metrics.released, n_rel, memory_order_relaxed);
+	}
+	metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - t0));
+	return ok;
+}
+
+/* ---- the loop ---- */
+
+static void worker_loop(struct worker *w)
+{
+	const struct config *cfg = w->cfg;
+	int64_t arm_ttl = cfg->relay_poll_interval_ms * 2 + 1000;
+	bool disarm = true; /* the first claim clears a flag left by a relay that died */
+	int rc;
+
+	while (!atomic_load(&w->relay->stopping)) {
+		bool db_ok, mq_ok;
+
+		set_tick(w);
+		db_ok = ensure_db(w);
+		mq_ok = ensure_broker(w);
+		if (!db_ok || !mq_ok) {
+			int64_t next = INT64_MAX;
+
+			if (!db_ok)
+				next = w->db.retry_at_ms;
+			if (!mq_ok && w->mq.retry_at_ms < next)
+				next = w->mq.retry_at_ms;
+			wait_for_work(w, next);
+			continue;
+		}
+		if (w->n_owed && pay_owed(w) < 0)
+			continue;
+
+		rc = store_claim(w->store, disarm || w->armed, &w->batch);
+		if (rc < 0) {
+			db_failed(w, rc, "claiming rows");
+			continue;
+		}
+		if (disarm || w->armed)
+			w->armed = false;
+		disarm = false;
+
+		if (w->batch.n > 0) {
+			/* Any non-empty batch claims again at once: under load the loop never sleeps,
+			 * so it never arms the flag and producers never pay for a NOTIFY. */
+			relay_batch(w);
+			continue;
+		}
+		if (!w->armed) {
+			/* Arm, then claim once more before sleeping: a row committed just before the
+			 * flag was armed did not notify, but that claim sees it. */
+			rc = store_arm(w->store, arm_ttl);
+			if (rc < 0) {
+				db_failed(w, rc, "arming the wake-up");
+				continue;
+			}
+			w->armed = true;
+			rc = store_claim(w->store, false, &w->batch);
+			if (rc < 0) {
+				db_failed(w, rc, "claiming rows");
+				continue;
+			}
+			if (w->batch.n > 0) {
+				relay_batch(w);
+				continue;
+			}
+		}
+		wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
+	}
+}
+
+void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	set_tick(w);
+	worker_loop(w);
+
+	/* Orderly shutdown: confirmed rows are marked, unanswered rows were released inside
+	 * relay_batch(); whatever is owed is paid if the database lets us. */
+	if (w->n_owed && store_connected(w->store))
+		(void)pay_owed(w);
+	if (w->n_owed)
+		log_event(LOG_WARN, w->component,
+		          "exiting with confirmed rows unmarked; they will be published again after "
+		          "their lease",
+		          (char *)NULL);
+	if (w->db.up)
+		atomic_fetch_sub_explicit(&g_metrics.db_up, 1, memory_order_relaxed);
+	if (w->mq.up)
+		atomic_fetch_sub_explicit(&g_metrics.broker_up, 1, memory_order_relaxed);
+	w->db.up = w->mq.up = false;
+	broker_disconnect(w->broker);
+	store_disconnect(w->store);
+	return NULL;
+}
+
+struct worker *worker_new(struct relay *r, int index)
+{
+	const struct config *cfg = r->cfg;
+	struct worker *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return NULL;
+	w->index = index;
+	w->relay = r;
+	w->cfg = cfg;
+	w->seed = (uint64_t)clock_mono_us() ^ ((uint64_t)(index + 1) * 0x9E3779B97F4A7C15ull);
+	snprintf(w->component, sizeof(w->component), "worker%d", index + 1);
+	snprintf(w->app_name, sizeof(w->app_name), "outbox-relay worker %d", index + 1);
+
+	w->sopts.conninfo = cfg->database_url;
+	w->sopts.table = cfg->database_table;
+	w->sopts.channel = cfg->database_channel;
+	w->sopts.relay_id = cfg->relay_id;
+	w->sopts.application_name = w->app_name;
+	w->sopts.lease_ms = cfg->relay_lease_ms;
+	w->sopts.max_attempts = (int)cfg->relay_max_attempts;
+	w->sopts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
+	w->sopts.batch_size = (int)cfg->relay_batch_size;
+
+	w->bopts.url = cfg->amqp_url;
+	w->bopts.heartbeat_ms = cfg->amqp_heartbeat_ms;
+	w->bopts.confirm_timeout_ms = cfg->amqp_confirm_timeout_ms;
+	w->bopts.tls_ca_file = cfg->amqp_tls_ca_file;
+	w->bopts.tls_cert_file = cfg->amqp_tls_cert_file;
+	w->bopts.tls_key_file = cfg->amqp_tls_key_file;
+	w->bopts.tls_verify_peer = cfg->amqp_tls_verify_peer;
+	w->bopts.connection_name = w->app_name;
+	w->bopts.abort_at_ms = &r->abort_at_ms;
+
+	store_batch_init(&w->batch);
+	w->store = store_new(&w->sopts);
+	w->broker = broker_new(&w->bopts);
+	if (!w->store || !w->broker) {
+		worker_free(w);
+		return NULL;
+	}
+	return w;
+}
+
+void worker_free(struct worker *w)
+{
+	if (!w)
+		return;
+	store_free(w->store);
+	broker_free(w->broker);
+	store_batch_free(&w->batch);
+	free(w->msgs);
+	free(w->res);
+	free(w->published);
+	free(w->released);
+	free(w->failures);
+	clear_owed(w);
+	free(w);
+}
