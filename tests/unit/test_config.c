@@ -1,0 +1,514 @@
+/* Unit tests of config/: layering and sources, every kind of error with its location,
+ * durations, identifiers, secret files and redaction. Fixtures are in tests/data/config. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "config/config.h"
+
+static struct config_errors errs;
+static struct config *cfg;
+
+static void teardown(void)
+{
+	config_free(cfg);
+	cfg = NULL;
+	config_errors_clear(&errs);
+}
+
+TestSuite(config, .fini = teardown);
+
+/* Path of a fixture; static buffer, valid until the next call. */
+static const char *fixture(const char *name)
+{
+	static char path[4096];
+	const char *dir = getenv("RELAY_TEST_DATA");
+
+	cr_assert_not_null(dir, "RELAY_TEST_DATA must point at tests/data");
+	snprintf(path, sizeof(path), "%s/config/%s", dir, name);
+	return path;
+}
+
+static struct config *load(const char *file, const char *const *env, const char *const *sets,
+			   size_t nsets)
+{
+	static const char *const no_env[] = { NULL };
+	struct config_sources src = { file, sets, nsets, env ? env : no_env };
+
+	cfg = config_load(&src, &errs);
+	return cfg;
+}
+
+static bool has_error(const char *needle)
+{
+	for (size_t i = 0; i < errs.n; i++) {
+		if (strstr(errs.lines[i], needle))
+			return true;
+	}
+	return false;
+}
+
+static void dump_errors(void)
+{
+	for (size_t i = 0; i < errs.n; i++)
+		cr_log_info("error: %s", errs.lines[i]);
+}
+
+static void expect_error(const char *needle)
+{
+	if (!has_error(needle))
+		dump_errors();
+	cr_assert(has_error(needle), "no error line contains: %s", needle);
+}
+
+static const char *value(size_t i)
+{
+	static char buf[512];
+
+	config_value_text(cfg, i, buf, sizeof(buf));
+	return buf;
+}
+
+static const char *source(const char *key)
+{
+	int i = config_key_index(key);
+
+	cr_assert_geq(i, 0, "unknown key %s", key);
+	return cfg->sources[i];
+}
+
+Test(config, defaults_match_design)
+{
+	cr_assert_not_null(load(NULL, NULL, NULL, 0));
+	cr_assert_eq(errs.n, 0);
+	cr_assert_str_eq(cfg->database_url, "");
+	cr_assert_str_eq(cfg->database_table, "outbox");
+	cr_assert_str_eq(cfg->database_channel, "outbox");
+	cr_assert_str_eq(cfg->amqp_url, "amqp://guest:guest@localhost:5672");
+	cr_assert_eq(cfg->amqp_heartbeat_ms, 30000);
+	cr_assert_eq(cfg->amqp_confirm_timeout_ms, 30000);
+	cr_assert_str_eq(cfg->amqp_tls_ca_file, "");
+	cr_assert(cfg->amqp_tls_verify_peer);
+	cr_assert_eq(cfg->relay_batch_size, 500);
+	cr_assert_eq(cfg->relay_lease_ms, 60000);
+	cr_assert_eq(cfg->relay_max_attempts, 10);
+	cr_assert_eq(cfg->relay_poll_interval_ms, 1000);
+	cr_assert_eq(cfg->relay_retry_backoff_min_ms, 1000);
+	cr_assert_eq(cfg->relay_retry_backoff_max_ms, 300000);
+	cr_assert_eq(cfg->relay_retention_ms, 7LL * 24 * 3600 * 1000);
+	cr_assert_eq(cfg->relay_ordering, CONFIG_ORDERING_STRICT);
+	cr_assert_eq(cfg->relay_workers, 1);
+	cr_assert_eq(cfg->relay_purge_interval_ms, 3600000);
+	cr_assert_eq(cfg->relay_shutdown_timeout_ms, 15000);
+	cr_assert_eq(cfg->log_level, CONFIG_LOG_INFO);
+	cr_assert_eq(cfg->log_format, CONFIG_LOG_TEXT);
+	cr_assert_str_eq(cfg->http_listen, "127.0.0.1:8787");
+	/* relay.id is hostname:pid, from the default */
+	cr_assert_not_null(strrchr(cfg->relay_id, ':'));
+	cr_assert_eq(strtol(strrchr(cfg->relay_id, ':') + 1, NULL, 10), (long)getpid());
+	cr_assert_leq(strlen(cfg->relay_id), 64);
+	cr_assert_str_eq(source("relay.id"), "default");
+	cr_assert_str_eq(source("relay.batch_size"), "default");
+}
+
+Test(config, key_table_env_names_follow_the_rule)
+{
+	cr_assert_geq(config_key_count(), 25);
+	for (size_t i = 0; i < config_key_count(); i++) {
+		char env[128] = "OUTBOX_";
+		size_t len = strlen(env);
+
+		for (const char *p = config_key_name(i); *p && len + 1 < sizeof(env); p++)
+			env[len++] = *p == '.' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+		env[len] = '\0';
+		cr_assert_str_eq(config_key_env(i), env);
+		cr_assert_eq(config_key_index(config_key_name(i)), (int)i);
+		cr_assert_gt(strlen(config_key_help(i)), 10);
+	}
+	cr_assert_geq(config_key_index("amqp.tls.ca_file"), 0);
+	cr_assert_geq(config_key_index("amqp.tls.cert_file"), 0);
+	cr_assert_geq(config_key_index("amqp.tls.key_file"), 0);
+	cr_assert_geq(config_key_index("amqp.tls.verify_peer"), 0);
+	cr_assert_str_eq(config_key_env((size_t)config_key_index("amqp.tls.ca_file")),
+			 "OUTBOX_AMQP_TLS_CA_FILE");
+	cr_assert(config_key_sensitive((size_t)config_key_index("database.url")));
+	cr_assert(config_key_sensitive((size_t)config_key_index("amqp.url")));
+	cr_assert_not(config_key_sensitive((size_t)config_key_index("relay.id")));
+	cr_assert_eq(config_key_index("relay.nope"), -1);
+}
+
+Test(config, file_with_comments_sections_and_dotted_keys)
+{
+	cr_assert_not_null(load(fixture("valid.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 0);
+	cr_assert_str_eq(cfg->database_url, "postgresql://app:s3cret@db.internal/app");
+	cr_assert_str_eq(cfg->database_table, "events.outbox_v2");
+	/* a // inside a string value is data, not a comment */
+	cr_assert_str_eq(cfg->amqp_tls_ca_file, "/etc/ssl/ca.pem // not a comment");
+	cr_assert_not(cfg->amqp_tls_verify_peer);
+	cr_assert_eq(cfg->relay_batch_size, 250);
+	cr_assert_eq(cfg->relay_lease_ms, 120000);
+	/* a JSON number is seconds */
+	cr_assert_eq(cfg->relay_poll_interval_ms, 500);
+	cr_assert_eq(cfg->relay_ordering, CONFIG_ORDERING_SKIP_DEAD);
+	cr_assert_eq(cfg->log_format, CONFIG_LOG_JSON);
+	cr_assert_eq(cfg->log_level, CONFIG_LOG_DEBUG);
+	cr_assert(strstr(source("relay.batch_size"), "valid.json:12"),
+		  "source was %s", source("relay.batch_size"));
+	cr_assert(strstr(source("amqp.tls.ca_file"), "valid.json:10"));
+	cr_assert(strstr(source("relay.poll_interval"), "valid.json:14"));
+	cr_assert_eq(strncmp(source("relay.lease"), "file ", 5), 0);
+	cr_assert_str_eq(source("relay.workers"), "default");
+}
+
+Test(config, config_file_from_outbox_config_env)
+{
+	static char var[4200];
+	const char *env[] = { var, NULL };
+
+	snprintf(var, sizeof(var), "OUTBOX_CONFIG=%s", fixture("precedence.json"));
+	cr_assert_not_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(cfg->relay_batch_size, 100);
+}
+
+Test(config, precedence_default_file_env_set)
+{
+	const char *env[] = { "OUTBOX_RELAY_WORKERS=3", "OUTBOX_RELAY_MAX_ATTEMPTS=5",
+			      "PATH=/bin", NULL };
+	const char *sets[] = { "relay.max_attempts=7", "log.level=warn" };
+
+	cr_assert_not_null(load(fixture("precedence.json"), env, sets, 2));
+	cr_assert_eq(cfg->relay_batch_size, 100);            /* file */
+	cr_assert_eq(cfg->relay_workers, 3);                 /* env over file */
+	cr_assert_eq(cfg->relay_max_attempts, 7);            /* set over env over file */
+	cr_assert_eq(cfg->log_level, CONFIG_LOG_WARN);       /* set over default */
+	cr_assert_eq(cfg->relay_lease_ms, 60000);            /* default */
+	cr_assert(strstr(source("relay.batch_size"), "precedence.json:2"));
+	cr_assert_str_eq(source("relay.workers"), "env OUTBOX_RELAY_WORKERS");
+	cr_assert_str_eq(source("relay.max_attempts"), "flag --set");
+	cr_assert_str_eq(source("log.level"), "flag --set");
+	cr_assert_str_eq(source("relay.lease"), "default");
+}
+
+Test(config, unknown_keys_in_file_with_line)
+{
+	cr_assert_null(load(fixture("unknown_key.json"), NULL, NULL, 0));
+	expect_error("relay.batch_sise: unknown key (file ");
+	expect_error("unknown_key.json:4)");
+	/* an unknown section is one error, not one per leaf */
+	expect_error("bogus: unknown key (file ");
+	expect_error("unknown_key.json:6)");
+	cr_assert_eq(errs.n, 2);
+}
+
+Test(config, several_errors_at_once_with_locations)
+{
+	cr_assert_null(load(fixture("errors.json"), NULL, NULL, 0));
+	/* out of range */
+	expect_error("relay.batch_size: got \"0\" (file ");
+	expect_error("errors.json:3); allowed: an integer 1..10000");
+	/* bad duration */
+	expect_error("relay.lease: got \"ten seconds\" (file ");
+	expect_error("errors.json:4); allowed: a duration 1s..7d");
+	/* bad enum */
+	expect_error("relay.ordering: got \"random\" (file ");
+	expect_error("allowed: one of strict, skip-dead");
+	/* not an integer */
+	expect_error("relay.workers: got \"4.5\"");
+	/* bad identifier */
+	expect_error("database.table: got \"bad-name\"");
+	expect_error("errors.json:8); allowed: an SQL identifier");
+	/* wrong JSON type: a number for a string, a number for an enum */
+	expect_error("database.channel: got \"42\"");
+	expect_error("log.level: got \"3\" (file ");
+	expect_error("errors.json:9); allowed: one of debug, info, warn, error");
+	/* secret never echoed, even when invalid */
+	expect_error("amqp.url: got a value not shown (secret) (file ");
+	for (size_t i = 0; i < errs.n; i++)
+		cr_assert_null(strstr(errs.lines[i], "topsecret"), "leaked: %s", errs.lines[i]);
+	cr_assert_eq(errs.n, 8, "expected 8 errors, got %zu", errs.n);
+}
+
+Test(config, json_syntax_error_names_line_and_column)
+{
+	cr_assert_null(load(fixture("syntax.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("syntax.json:4:");
+	expect_error("invalid JSON:");
+}
+
+Test(config, missing_config_file)
+{
+	cr_assert_null(load(fixture("does-not-exist.json"), NULL, NULL, 0));
+	expect_error("does-not-exist.json: could not read config file: No such file");
+}
+
+Test(config, lease_must_exceed_confirm_timeout)
+{
+	cr_assert_null(load(fixture("lease.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("relay.lease: got \"30s\" (file ");
+	expect_error("allowed: more than amqp.confirm_timeout, which is 45s (file ");
+}
+
+Test(config, lease_equal_to_confirm_timeout_is_refused)
+{
+	const char *sets[] = { "relay.lease=30s" };
+
+	cr_assert_null(load(NULL, NULL, sets, 1));
+	expect_error("relay.lease: got \"30s\" (flag --set); allowed: more than "
+		     "amqp.confirm_timeout, which is 30s (default)");
+}
+
+Test(config, backoff_min_above_max)
+{
+	const char *env[] = { "OUTBOX_RELAY_RETRY_BACKOFF_MIN=10m", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	expect_error("relay.retry_backoff_min: got \"10m\" (env OUTBOX_RELAY_RETRY_BACKOFF_MIN); "
+		     "allowed: at most relay.retry_backoff_max, which is 5m (default)");
+}
+
+Test(config, unknown_outbox_variable)
+{
+	const char *env[] = { "OUTBOX_RELAY_BATCHSIZE=10", "OUTBOXY=1", "HOME=/root", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("OUTBOX_RELAY_BATCHSIZE: unknown configuration variable");
+}
+
+Test(config, env_values_are_validated)
+{
+	const char *env[] = { "OUTBOX_RELAY_BATCH_SIZE=20000", "OUTBOX_AMQP_TLS_VERIFY_PEER=maybe",
+			      "OUTBOX_AMQP_HEARTBEAT=500ms", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(errs.n, 3);
+	expect_error("relay.batch_size: got \"20000\" (env OUTBOX_RELAY_BATCH_SIZE); allowed: "
+		     "an integer 1..10000");
+	expect_error("amqp.tls.verify_peer: got \"maybe\" (env OUTBOX_AMQP_TLS_VERIFY_PEER)");
+	expect_error("amqp.heartbeat: got \"500ms\" (env OUTBOX_AMQP_HEARTBEAT); allowed: 0 or "
+		     "a duration 1s..1h");
+}
+
+Test(config, env_types_accepted)
+{
+	const char *env[] = { "OUTBOX_AMQP_TLS_VERIFY_PEER=off", "OUTBOX_AMQP_HEARTBEAT=0",
+			      "OUTBOX_RELAY_RETENTION=0", "OUTBOX_HTTP_LISTEN=",
+			      "OUTBOX_AMQP_TLS_CA_FILE=/ca.pem", "OUTBOX_RELAY_ID=relay-a", NULL };
+
+	cr_assert_not_null(load(NULL, env, NULL, 0));
+	cr_assert_not(cfg->amqp_tls_verify_peer);
+	cr_assert_eq(cfg->amqp_heartbeat_ms, 0);
+	cr_assert_eq(cfg->relay_retention_ms, 0);
+	cr_assert_str_eq(cfg->http_listen, "");
+	/* OUTBOX_AMQP_TLS_CA_FILE is the key itself, not a _FILE secret of OUTBOX_AMQP_TLS_CA */
+	cr_assert_str_eq(cfg->amqp_tls_ca_file, "/ca.pem");
+	cr_assert_str_eq(cfg->relay_id, "relay-a");
+	cr_assert_str_eq(source("relay.id"), "env OUTBOX_RELAY_ID");
+}
+
+Test(config, secret_from_file)
+{
+	static char var[4200];
+	const char *env[] = { var, NULL };
+
+	snprintf(var, sizeof(var), "OUTBOX_DATABASE_URL_FILE=%s", fixture("secret.txt"));
+	cr_assert_not_null(load(NULL, env, NULL, 0));
+	/* trailing newlines stripped, inner space kept */
+	cr_assert_str_eq(cfg->database_url, "pa ss");
+	cr_assert(strstr(source("database.url"), "env OUTBOX_DATABASE_URL_FILE ("));
+	cr_assert(strstr(source("database.url"), "secret.txt)"));
+}
+
+Test(config, secret_file_unreadable)
+{
+	const char *env[] = { "OUTBOX_AMQP_URL_FILE=/nonexistent/secret", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("amqp.url: could not read OUTBOX_AMQP_URL_FILE \"/nonexistent/secret\": "
+		     "No such file or directory");
+}
+
+Test(config, both_value_and_file_set)
+{
+	const char *env[] = { "OUTBOX_DATABASE_URL=host=a", "OUTBOX_DATABASE_URL_FILE=/x", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("database.url: both OUTBOX_DATABASE_URL and OUTBOX_DATABASE_URL_FILE are set");
+}
+
+Test(config, set_errors)
+{
+	const char *sets[] = { "relay.batch_size", "relay.nope=1", "log.format=xml" };
+
+	cr_assert_null(load(NULL, NULL, sets, 3));
+	cr_assert_eq(errs.n, 3);
+	expect_error("--set \"relay.batch_size\": missing '='");
+	expect_error("relay.nope: unknown key (flag --set)");
+	expect_error("log.format: got \"xml\" (flag --set); allowed: one of text, json");
+}
+
+Test(config, channel_and_url_and_listen_checks)
+{
+	const char *sets[] = { "database.channel=public.outbox", "amqp.url=amqp://x",
+			       "http.listen=localhost:70000", "relay.id=" };
+
+	cr_assert_null(load(NULL, NULL, sets, 4));
+	cr_assert_eq(errs.n, 3);
+	expect_error("database.channel: got \"public.outbox\" (flag --set)");
+	expect_error("http.listen: got \"localhost:70000\"");
+	expect_error("relay.id: got \"\"");
+}
+
+Test(config, listen_forms)
+{
+	const char *ok[] = { "http.listen=:8080" };
+	const char *v6[] = { "http.listen=[::1]:9000" };
+	const char *bad[] = { "http.listen=::1:9000" };
+
+	cr_assert_not_null(load(NULL, NULL, ok, 1));
+	teardown();
+	cr_assert_not_null(load(NULL, NULL, v6, 1));
+	cr_assert_str_eq(cfg->http_listen, "[::1]:9000");
+	teardown();
+	cr_assert_null(load(NULL, NULL, bad, 1));
+}
+
+Test(config, durations_both_ways)
+{
+	int64_t ms = -1;
+	char buf[32];
+
+	cr_assert_eq(config_parse_duration("500ms", &ms), 0);
+	cr_assert_eq(ms, 500);
+	cr_assert_eq(config_parse_duration("30s", &ms), 0);
+	cr_assert_eq(ms, 30000);
+	cr_assert_eq(config_parse_duration("5m", &ms), 0);
+	cr_assert_eq(ms, 300000);
+	cr_assert_eq(config_parse_duration("2h", &ms), 0);
+	cr_assert_eq(ms, 7200000);
+	cr_assert_eq(config_parse_duration("7d", &ms), 0);
+	cr_assert_eq(ms, 604800000);
+	cr_assert_eq(config_parse_duration("30", &ms), 0);
+	cr_assert_eq(ms, 30000);
+	cr_assert_eq(config_parse_duration("0.5", &ms), 0);
+	cr_assert_eq(ms, 500);
+	cr_assert_eq(config_parse_duration("1.5m", &ms), 0);
+	cr_assert_eq(ms, 90000);
+	cr_assert_eq(config_parse_duration("0", &ms), 0);
+	cr_assert_eq(ms, 0);
+
+	ms = 42;
+	cr_assert_lt(config_parse_duration("", &ms), 0);
+	cr_assert_lt(config_parse_duration("-1s", &ms), 0);
+	cr_assert_lt(config_parse_duration("5 s", &ms), 0);
+	cr_assert_lt(config_parse_duration("5x", &ms), 0);
+	cr_assert_lt(config_parse_duration("s", &ms), 0);
+	cr_assert_lt(config_parse_duration("0.0001", &ms), 0);
+	cr_assert_lt(config_parse_duration("99999999999999999999d", &ms), 0);
+	cr_assert_eq(ms, 42, "output written on failure");
+
+	config_format_duration(0, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "0");
+	config_format_duration(1500, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "1500ms");
+	config_format_duration(30000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "30s");
+	config_format_duration(300000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "5m");
+	config_format_duration(7200000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "2h");
+	config_format_duration(604800000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "7d");
+	config_format_duration(90000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "90s");
+	/* round trip */
+	cr_assert_eq(config_parse_duration(buf, &ms), 0);
+	cr_assert_eq(ms, 90000);
+}
+
+Test(config, identifiers)
+{
+	char long63[64], long64[65];
+
+	memset(long63, 'a', 63);
+	long63[63] = '\0';
+	memset(long64, 'a', 64);
+	long64[64] = '\0';
+	cr_assert(config_identifier_valid("outbox"));
+	cr_assert(config_identifier_valid("_Outbox_2"));
+	cr_assert(config_identifier_valid("app.outbox"));
+	cr_assert(config_identifier_valid(long63));
+	cr_assert_not(config_identifier_valid(long64));
+	cr_assert_not(config_identifier_valid(""));
+	cr_assert_not(config_identifier_valid("2outbox"));
+	cr_assert_not(config_identifier_valid("out-box"));
+	cr_assert_not(config_identifier_valid("outbox;drop table x"));
+	cr_assert_not(config_identifier_valid("\"outbox\""));
+	cr_assert_not(config_identifier_valid("a.b.c"));
+	cr_assert_not(config_identifier_valid("app."));
+	cr_assert_not(config_identifier_valid(".outbox"));
+	cr_assert_not(config_identifier_valid(NULL));
+}
+
+static const char *redact(const char *in)
+{
+	static char buf[256];
+
+	config_redact(in, buf, sizeof(buf));
+	return buf;
+}
+
+Test(config, redaction)
+{
+	char small[8];
+
+	cr_assert_str_eq(redact("amqp://u:secret@h/"), "amqp://u:***@h/");
+	cr_assert_str_eq(redact("amqps://u:p%40ss@broker:5671/vh"), "amqps://u:***@broker:5671/vh");
+	cr_assert_str_eq(redact("postgresql://app:s3@cr3t@db/app"), "postgresql://app:***@db/app");
+	cr_assert_str_eq(redact("postgresql://app@db/app?password=x&sslmode=require"),
+			 "postgresql://app@db/app?password=***&sslmode=require");
+	cr_assert_str_eq(redact("amqp://guest@localhost:5672"), "amqp://guest@localhost:5672");
+	cr_assert_str_eq(redact("amqp://localhost"), "amqp://localhost");
+	cr_assert_str_eq(redact("host=x password=secret"), "host=x password=***");
+	cr_assert_str_eq(redact("host=x password = 'se cr\\'et' dbname=app"),
+			 "host=x password = *** dbname=app");
+	cr_assert_str_eq(redact("password=a user=b"), "password=*** user=b");
+	cr_assert_str_eq(redact("host=x user=app"), "host=x user=app");
+	cr_assert_str_eq(redact(""), "");
+	/* truncated output stays terminated and never shows the password */
+	config_redact("amqp://user:secret@h", small, sizeof(small));
+	cr_assert_eq(strlen(small), 7);
+}
+
+Test(config, value_text_redacts_and_formats)
+{
+	const char *sets[] = { "database.url=host=db password=hunter2",
+			       "amqp.url=amqp://relay:hunter2@b:5672", "relay.lease=90s",
+			       "relay.ordering=skip-dead" };
+	char buf[256];
+	bool seen_secret = false;
+
+	cr_assert_not_null(load(NULL, NULL, sets, 4));
+	cr_assert_str_eq(value((size_t)config_key_index("database.url")),
+			 "host=db password=***");
+	cr_assert_str_eq(value((size_t)config_key_index("amqp.url")), "amqp://relay:***@b:5672");
+	cr_assert_str_eq(value((size_t)config_key_index("relay.lease")), "90s");
+	cr_assert_str_eq(value((size_t)config_key_index("relay.ordering")), "skip-dead");
+	cr_assert_str_eq(value((size_t)config_key_index("amqp.tls.verify_peer")), "true");
+	cr_assert_str_eq(value((size_t)config_key_index("relay.batch_size")), "500");
+	cr_assert_str_eq(value((size_t)config_key_index("log.format")), "text");
+	for (size_t i = 0; i < config_key_count(); i++) {
+		config_value_text(cfg, i, buf, sizeof(buf));
+		if (strstr(buf, "hunter2"))
+			seen_secret = true;
+	}
+	cr_assert_not(seen_secret);
+}
