@@ -1,0 +1,467 @@
+/* Turns an outbox row into what basic.publish sends (DESIGN §5) and rejects, with one line
+ * naming the column, every row the broker could never accept: those rows go dead at once
+ * instead of failing on every retry. */
+#include "amqp/message_map.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "amqp/base64.h"
+
+#define NAME_SHOWN 48 /* bytes of a user-supplied name quoted in an error */
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return MESSAGE_MAP_INVALID;
+}
+
+/* Copies a user-supplied name for quoting in a one-line error: control bytes become '?' so
+ * the line stays one line, and long names are cut with "...". */
+static void shown_name(char *out, size_t n, const char *s, size_t len)
+{
+	size_t o = 0;
+
+	for (size_t i = 0; i < len && o + 4 < n; i++) {
+		if (i == NAME_SHOWN) {
+			memcpy(out + o, "...", 3);
+			o += 3;
+			break;
+		}
+		out[o++] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
+	}
+	out[o] = '\0';
+}
+
+/* The common case is "{}": answering it without parsing keeps jansson's allocations off the
+ * per-message path for rows that carry no headers or properties. */
+static bool empty_object(const char *s)
+{
+	if (s == NULL)
+		return true;
+	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+		s++;
+	if (*s++ != '{')
+		return false;
+	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+		s++;
+	if (*s++ != '}')
+		return false;
+	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+		s++;
+	return *s == '\0';
+}
+
+/* Parses a JSON column that must hold an object. *out is a new reference on success. */
+static int parse_object(const char *column, const char *text, json_t **out, char *err,
+                        size_t errlen)
+{
+	json_error_t jerr;
+	json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
+	                       &jerr);
+
+	if (v == NULL)
+		return fail(err, errlen, "%s: invalid JSON at line %d column %d: %s", column,
+		            jerr.line, jerr.column, jerr.text);
+	if (!json_is_object(v)) {
+		json_decref(v);
+		return fail(err, errlen, "%s: not a JSON object", column);
+	}
+	*out = v;
+	return MESSAGE_MAP_OK;
+}
+
+static int pool_copy(amqp_pool_t *pool, const char *s, size_t len, amqp_bytes_t *out)
+{
+	amqp_bytes_t b = {0, NULL};
+
+	if (len > 0) {
+		amqp_pool_alloc_bytes(pool, len, &b);
+		if (b.bytes == NULL)
+			return MESSAGE_MAP_NOMEM;
+		memcpy(b.bytes, s, len);
+	}
+	*out = b;
+	return MESSAGE_MAP_OK;
+}
+
+/* Where a header value sits, for errors: "a.b[2]". */
+struct header_path {
+	char text[160];
+	size_t len;
+};
+
+/* Appends ".key" (or "key" at the top) or "[idx]"; returns the old length for path_pop(). */
+static size_t path_push(struct header_path *p, const char *key, size_t klen, size_t idx)
+{
+	size_t old = p->len;
+	size_t room = sizeof(p->text) - p->len;
+	char name[NAME_SHOWN + 8];
+	int w;
+
+	if (key != NULL) {
+		shown_name(name, sizeof(name), key, klen);
+		w = snprintf(p->text + p->len, room, "%s%s", p->len == 0 ? "" : ".", name);
+	} else {
+		w = snprintf(p->text + p->len, room, "[%zu]", idx);
+	}
+	if (w > 0)
+		p->len += (size_t)w < room ? (size_t)w : room - 1;
+	return old;
+}
+
+static void path_pop(struct header_path *p, size_t old)
+{
+	p->len = old;
+	p->text[old] = '\0';
+}
+
+static int map_table(json_t *obj, amqp_pool_t *pool, int depth, struct header_path *path,
+                     amqp_table_t *out, char *err, size_t errlen);
+
+static int map_value(json_t *v, amqp_pool_t *pool, int depth, struct header_path *path,
+                     amqp_field_value_t *out, char *err, size_t errlen)
+{
+	amqp_field_value_t f;
+	int rc = MESSAGE_MAP_OK;
+
+	memset(&f, 0, sizeof(f));
+	switch (json_typeof(v)) {
+	case JSON_STRING:
+		f.kind = AMQP_FIELD_KIND_UTF8;
+		rc = pool_copy(pool, json_string_value(v), json_string_length(v), &f.value.bytes);
+		break;
+	case JSON_INTEGER:
+		f.kind = AMQP_FIELD_KIND_I64;
+		f.value.i64 = (int64_t)json_integer_value(v);
+		break;
+	case JSON_REAL:
+		f.kind = AMQP_FIELD_KIND_F64;
+		f.value.f64 = json_real_value(v);
+		break;
+	case JSON_TRUE:
+	case JSON_FALSE:
+		f.kind = AMQP_FIELD_KIND_BOOLEAN;
+		f.value.boolean = json_is_true(v);
+		break;
+	case JSON_NULL:
+		f.kind = AMQP_FIELD_KIND_VOID;
+		break;
+	case JSON_OBJECT:
+	case JSON_ARRAY:
+		/* RabbitMQ and most clients cap nesting too; a deep structure here is far more
+		 * likely a producer bug than a header anyone reads. */
+		if (depth >= MESSAGE_MAP_MAX_DEPTH)
+			return fail(err, errlen, "headers: key '%s': nested deeper than %d levels",
+			            path->text, MESSAGE_MAP_MAX_DEPTH);
+		if (json_is_object(v)) {
+			f.kind = AMQP_FIELD_KIND_TABLE;
+			rc = map_table(v, pool, depth + 1, path, &f.value.table, err, errlen);
+		} else {
+			size_t n = json_array_size(v);
+
+			f.kind = AMQP_FIELD_KIND_ARRAY;
+			f.value.array.num_entries = (int)n;
+			f.value.array.entries = NULL;
+			if (n > 0) {
+				f.value.array.entries = amqp_pool_alloc(pool, n * sizeof(amqp_field_value_t));
+				if (f.value.array.entries == NULL)
+					return MESSAGE_MAP_NOMEM;
+			}
+			for (size_t i = 0; i < n && rc == MESSAGE_MAP_OK; i++) {
+				size_t old = path_push(path, NULL, 0, i);
+
+				rc = map_value(json_array_get(v, i), pool, depth + 1, path,
+				               &f.value.array.entries[i], err, errlen);
+				if (rc == MESSAGE_MAP_OK)
+					path_pop(path, old);
+			}
+		}
+		break;
+	}
+	if (rc == MESSAGE_MAP_OK)
+		*out = f;
+	return rc;
+}
+
+static int map_table(json_t *obj, amqp_pool_t *pool, int depth, struct header_path *path,
+                     amqp_table_t *out, char *err, size_t errlen)
+{
+	size_t n = json_object_size(obj);
+	amqp_table_t t = {0, NULL};
+	const char *key;
+	json_t *v;
+	size_t i = 0;
+
+	if (n > 0) {
+		t.entries = amqp_pool_alloc(pool, n * sizeof(amqp_table_entry_t));
+		if (t.entries == NULL)
+			return MESSAGE_MAP_NOMEM;
+	}
+	json_object_foreach(obj, key, v) {
+		size_t klen = strlen(key);
+		size_t old = path_push(path, key, klen, 0);
+		int rc;
+
+		if (klen > MESSAGE_MAP_MAX_KEY)
+			return fail(err, errlen, "headers: key '%s': longer than %d bytes", path->text,
+			            MESSAGE_MAP_MAX_KEY);
+		rc = pool_copy(pool, key, klen, &t.entries[i].key);
+		if (rc == MESSAGE_MAP_OK)
+			rc = map_value(v, pool, depth, path, &t.entries[i].value, err, errlen);
+		if (rc != MESSAGE_MAP_OK)
+			return rc;
+		path_pop(path, old);
+		i++;
+	}
+	t.num_entries = (int)i;
+	*out = t;
+	return MESSAGE_MAP_OK;
+}
+
+static int map_headers(const char *text, amqp_pool_t *pool, amqp_table_t *out, char *err,
+                       size_t errlen)
+{
+	struct header_path path = {.text = "", .len = 0};
+	json_t *obj = NULL;
+	int rc;
+
+	rc = parse_object("headers", text, &obj, err, errlen);
+	if (rc != MESSAGE_MAP_OK)
+		goto out;
+	rc = map_table(obj, pool, 0, &path, out, err, errlen);
+out:
+	json_decref(obj);
+	return rc;
+}
+
+/* String-valued entries of the properties column and where they go. */
+enum prop_slot { P_CORRELATION_ID, P_REPLY_TO, P_TYPE, P_APP_ID, P_USER_ID, P_CONTENT_ENCODING };
+
+static const struct {
+	const char *name;
+	enum prop_slot slot;
+	amqp_flags_t flag;
+} string_props[] = {
+	{"correlation_id", P_CORRELATION_ID, AMQP_BASIC_CORRELATION_ID_FLAG},
+	{"reply_to", P_REPLY_TO, AMQP_BASIC_REPLY_TO_FLAG},
+	{"type", P_TYPE, AMQP_BASIC_TYPE_FLAG},
+	{"app_id", P_APP_ID, AMQP_BASIC_APP_ID_FLAG},
+	{"user_id", P_USER_ID, AMQP_BASIC_USER_ID_FLAG},
+	{"content_encoding", P_CONTENT_ENCODING, AMQP_BASIC_CONTENT_ENCODING_FLAG},
+};
+
+static amqp_bytes_t *prop_field(amqp_basic_properties_t *p, enum prop_slot slot)
+{
+	switch (slot) {
+	case P_CORRELATION_ID:
+		return &p->correlation_id;
+	case P_REPLY_TO:
+		return &p->reply_to;
+	case P_TYPE:
+		return &p->type;
+	case P_APP_ID:
+		return &p->app_id;
+	case P_USER_ID:
+		return &p->user_id;
+	case P_CONTENT_ENCODING:
+		break;
+	}
+	return &p->content_encoding;
+}
+
+static bool all_digits(const char *s, size_t len)
+{
+	if (len == 0)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+	}
+	return true;
+}
+
+/* "got ..." text for an out-of-range value: the JSON as written, shortened. */
+static void shown_json(json_t *v, char *out, size_t n)
+{
+	char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+
+	if (s == NULL) {
+		snprintf(out, n, "?");
+		return;
+	}
+	shown_name(out, n, s, strlen(s));
+	free(s);
+}
+
+static int map_one_property(const char *key, json_t *v, amqp_pool_t *pool,
+                            amqp_basic_properties_t *p, char *err, size_t errlen)
+{
+	char shown[NAME_SHOWN + 8];
+
+	if (json_is_null(v))
+		return MESSAGE_MAP_OK; /* serializers write null for "not set" */
+	for (size_t i = 0; i < sizeof(string_props) / sizeof(string_props[0]); i++) {
+		if (strcmp(key, string_props[i].name) != 0)
+			continue;
+		if (!json_is_string(v))
+			return fail(err, errlen, "properties: %s must be a string", key);
+		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
+			return fail(err, errlen, "properties: %s longer than %d bytes", key,
+			            MESSAGE_MAP_MAX_SHORTSTR);
+		if (pool_copy(pool, json_string_value(v), json_string_length(v),
+		              prop_field(p, string_props[i].slot)) != MESSAGE_MAP_OK)
+			return MESSAGE_MAP_NOMEM;
+		p->_flags |= string_props[i].flag;
+		return MESSAGE_MAP_OK;
+	}
+	if (strcmp(key, "expiration") == 0) {
+		/* RabbitMQ closes the channel (406) for anything but a non-negative integer in
+		 * a string, which would blame the whole batch: refuse it here instead. */
+		if (!json_is_string(v) || !all_digits(json_string_value(v), json_string_length(v)))
+			return fail(err, errlen, "properties: expiration must be a string of digits");
+		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
+			return fail(err, errlen, "properties: expiration longer than %d bytes",
+			            MESSAGE_MAP_MAX_SHORTSTR);
+		if (pool_copy(pool, json_string_value(v), json_string_length(v), &p->expiration) !=
+		    MESSAGE_MAP_OK)
+			return MESSAGE_MAP_NOMEM;
+		p->_flags |= AMQP_BASIC_EXPIRATION_FLAG;
+		return MESSAGE_MAP_OK;
+	}
+	if (strcmp(key, "priority") == 0) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 9) {
+			shown_json(v, shown, sizeof(shown));
+			return fail(err, errlen, "properties: priority must be an integer 0-9, got %s",
+			            shown);
+		}
+		p->priority = (uint8_t)json_integer_value(v);
+		p->_flags |= AMQP_BASIC_PRIORITY_FLAG;
+		return MESSAGE_MAP_OK;
+	}
+	if (strcmp(key, "delivery_mode") == 0) {
+		if (!json_is_integer(v) || (json_integer_value(v) != 1 && json_integer_value(v) != 2))
+			return fail(err, errlen, "properties: delivery_mode must be 1 or 2");
+		p->delivery_mode = (uint8_t)json_integer_value(v);
+		return MESSAGE_MAP_OK;
+	}
+	shown_name(shown, sizeof(shown), key, strlen(key));
+	return fail(err, errlen, "properties: unknown property '%s'", shown);
+}
+
+static int map_properties(const char *text, amqp_pool_t *pool, amqp_basic_properties_t *p,
+                          char *err, size_t errlen)
+{
+	json_t *obj = NULL;
+	const char *key;
+	json_t *v;
+	int rc;
+
+	rc = parse_object("properties", text, &obj, err, errlen);
+	if (rc != MESSAGE_MAP_OK)
+		goto out;
+	json_object_foreach(obj, key, v) {
+		rc = map_one_property(key, v, pool, p, err, errlen);
+		if (rc != MESSAGE_MAP_OK)
+			goto out;
+	}
+out:
+	json_decref(obj);
+	return rc;
+}
+
+/* A column that becomes an AMQP short string. */
+static int check_shortstr(const char *column, const char *s, char *err, size_t errlen)
+{
+	if (s != NULL && strlen(s) > MESSAGE_MAP_MAX_SHORTSTR)
+		return fail(err, errlen, "%s: longer than %d bytes", column, MESSAGE_MAP_MAX_SHORTSTR);
+	return MESSAGE_MAP_OK;
+}
+
+static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_bytes_t *out,
+                    char *err, size_t errlen)
+{
+	const char *enc = m->body_encoding;
+	amqp_bytes_t b = {0, NULL};
+	size_t off = 0;
+	size_t len = 0;
+	char shown[NAME_SHOWN + 8];
+
+	if (enc == NULL || strcmp(enc, "utf-8") == 0) {
+		b.len = m->body_len;
+		b.bytes = (void *)(uintptr_t)m->body;
+		*out = b;
+		return MESSAGE_MAP_OK;
+	}
+	if (strcmp(enc, "base64") != 0) {
+		shown_name(shown, sizeof(shown), enc, strlen(enc));
+		return fail(err, errlen, "body_encoding: unknown encoding '%s' (allowed: utf-8, base64)",
+		            shown);
+	}
+	amqp_pool_alloc_bytes(pool, base64_decoded_max(m->body_len), &b);
+	if (b.bytes == NULL)
+		return MESSAGE_MAP_NOMEM;
+	if (base64_decode(m->body, m->body_len, b.bytes, &len, &off) != BASE64_OK)
+		return fail(err, errlen, "body: invalid base64 at offset %zu", off);
+	b.len = len;
+	*out = b;
+	return MESSAGE_MAP_OK;
+}
+
+int message_map(const struct broker_message *m, amqp_pool_t *pool,
+                amqp_basic_properties_t *props, amqp_bytes_t *body, char *err, size_t errlen)
+{
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+	int rc;
+
+	memset(&p, 0, sizeof(p));
+	if (m->id == NULL || m->id[0] == '\0')
+		return fail(err, errlen, "id: empty");
+	if ((rc = check_shortstr("id", m->id, err, errlen)) != MESSAGE_MAP_OK ||
+	    (rc = check_shortstr("exchange_name", m->exchange, err, errlen)) != MESSAGE_MAP_OK ||
+	    (rc = check_shortstr("routing_key", m->routing_key, err, errlen)) != MESSAGE_MAP_OK ||
+	    (rc = check_shortstr("content_type", m->content_type, err, errlen)) != MESSAGE_MAP_OK)
+		return rc;
+	rc = map_body(m, pool, &b, err, errlen);
+	if (rc != MESSAGE_MAP_OK)
+		return rc;
+
+	p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+	           AMQP_BASIC_TIMESTAMP_FLAG;
+	p.message_id = amqp_cstring_bytes(m->id);
+	p.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+	p.timestamp = m->timestamp_s > 0 ? (uint64_t)m->timestamp_s : 0;
+	if (m->content_type != NULL && m->content_type[0] != '\0') {
+		p.content_type = amqp_cstring_bytes(m->content_type);
+		p._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+	}
+	if (!empty_object(m->headers_json)) {
+		rc = map_headers(m->headers_json, pool, &p.headers, err, errlen);
+		if (rc != MESSAGE_MAP_OK)
+			return rc;
+		if (p.headers.num_entries > 0)
+			p._flags |= AMQP_BASIC_HEADERS_FLAG;
+	}
+	if (!empty_object(m->properties_json)) {
+		rc = map_properties(m->properties_json, pool, &p, err, errlen);
+		if (rc != MESSAGE_MAP_OK)
+			return rc;
+	}
+	*props = p;
+	*body = b;
+	return MESSAGE_MAP_OK;
+}
