@@ -363,6 +363,11 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 		struct given g;
 
 		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
+		if (idx < 0 && config_key_is_section(e->key)) {
+			config_errors_add(errs, "%s: got %s (%s); allowed: an object holding %s.* "
+					  "keys", e->key, e->text, source, e->key);
+			continue;
+		}
 		if (idx < 0) {
 			config_errors_add(errs, "%s: unknown key (%s); allowed: a key listed by "
 					  "`outbox-relay config show`", e->key, source);
@@ -448,6 +453,14 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 				file[i] = eq + 1;
 				known = true;
 			}
+		}
+		if (!known && env_name_is(entry, name_len, "OUTBOX_CONFIG", "_FILE")) {
+			/* The file's path is not a secret; a _FILE form would only be a second
+			 * way to say the same thing. */
+			config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration variable "
+					  "(env OUTBOX_CONFIG_FILE); allowed: OUTBOX_CONFIG=<path of "
+					  "the JSON config file>");
+			continue;
 		}
 		if (!known) {
 			/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run

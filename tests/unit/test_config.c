@@ -281,6 +281,31 @@ Test(config, unknown_outbox_variable)
 	expect_error("OUTBOX_RELAY_BATCHSIZE: unknown configuration variable");
 }
 
+Test(config, outbox_config_file_is_not_a_variable)
+{
+	const char *env[] = { "OUTBOX_CONFIG_FILE=/etc/relay.json", NULL };
+
+	cr_assert_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("OUTBOX_CONFIG_FILE: unknown configuration variable");
+	expect_error("allowed: OUTBOX_CONFIG=");
+}
+
+Test(config, section_given_a_scalar)
+{
+	const char *env[] = { "OUTBOX_CONFIG=", NULL };
+
+	/* an empty OUTBOX_CONFIG means no file */
+	cr_assert_not_null(load(NULL, env, NULL, 0));
+	teardown();
+	cr_assert_null(load(fixture("section_scalar.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 2);
+	expect_error("relay: got 5 (file ");
+	expect_error("section_scalar.json:2); allowed: an object holding relay.* keys");
+	expect_error("amqp.tls.ca_file: got \"{...}\" (file ");
+	expect_error("section_scalar.json:4); allowed: a string");
+}
+
 Test(config, env_values_are_validated)
 {
 	const char *env[] = { "OUTBOX_RELAY_BATCH_SIZE=20000", "OUTBOX_AMQP_TLS_VERIFY_PEER=maybe",
