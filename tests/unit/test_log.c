@@ -1,0 +1,199 @@
+/* Log line format: logfmt quoting and escaping, JSON that parses and carries every field,
+ * truncation of huge values, the level filter. stderr is captured through a pipe. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "relay/log.h"
+
+static int saved_stderr = -1;
+static int capture_rd = -1;
+
+static void capture_start(void)
+{
+	int fds[2];
+
+	cr_assert_eq(pipe(fds), 0);
+	saved_stderr = dup(STDERR_FILENO);
+	cr_assert_geq(saved_stderr, 0);
+	cr_assert_geq(dup2(fds[1], STDERR_FILENO), 0);
+	close(fds[1]);
+	capture_rd = fds[0];
+}
+
+/* Returns what was written to stderr since capture_start (caller frees). The pipe holds
+ * 64 KiB, more than any test writes, so writing without a reader cannot block. */
+static char *capture_end(void)
+{
+	size_t cap = 65536, len = 0;
+	char *buf = malloc(cap + 1);
+	ssize_t n;
+
+	cr_assert_not_null(buf);
+	dup2(saved_stderr, STDERR_FILENO);
+	close(saved_stderr);
+	while ((n = read(capture_rd, buf + len, cap - len)) > 0)
+		len += (size_t)n;
+	close(capture_rd);
+	buf[len] = '\0';
+	return buf;
+}
+
+static size_t count_char(const char *s, char c)
+{
+	size_t n = 0;
+
+	for (; *s; s++)
+		n += *s == c;
+	return n;
+}
+
+Test(log, text_line_has_timestamp_level_component_and_message)
+{
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	capture_start();
+	log_event(LOG_WARN, "relay", "could not publish, will retry in 4s", "id", "a1", NULL);
+	out = capture_end();
+
+	/* ts=YYYY-MM-DDTHH:MM:SS.mmmZ */
+	cr_assert_eq(strncmp(out, "ts=", 3), 0, "got: %s", out);
+	cr_assert_eq(out[7], '-');
+	cr_assert_eq(out[13], 'T');
+	cr_assert_eq(out[22], '.');
+	cr_assert_eq(out[26], 'Z', "got: %s", out);
+	cr_assert_str_eq(out + 27, " level=warn component=relay"
+	                           " msg=\"could not publish, will retry in 4s\" id=a1\n");
+	free(out);
+}
+
+Test(log, text_quotes_and_escapes_values)
+{
+	char *out;
+
+	log_setup(LOG_DEBUG, LOG_FORMAT_TEXT);
+	capture_start();
+	log_event(LOG_INFO, "store", "m", "plain", "abc", "space", "a b", "empty", "",
+	          "null", NULL, "quote", "say \"hi\"", "eq", "k=v", "nl", "x\ny", "bs", "c:\\d",
+	          "ctl", "a\x01z", "tab", "\t", NULL);
+	out = capture_end();
+
+	cr_assert(strstr(out, " msg=\"m\"") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " plain=abc ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " space=\"a b\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " empty=\"\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " null=\"\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " quote=\"say \\\"hi\\\"\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " eq=\"k=v\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " nl=\"x\\ny\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " bs=\"c:\\\\d\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " ctl=\"a\\u0001z\" ") != NULL, "got: %s", out);
+	cr_assert(strstr(out, " tab=\"\\t\"\n") != NULL, "got: %s", out);
+	cr_assert_eq(count_char(out, '\n'), 1, "one event must be one line: %s", out);
+	free(out);
+}
+
+Test(log, json_line_parses_and_carries_every_field)
+{
+	json_error_t jerr;
+	json_t *o;
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	capture_start();
+	log_event(LOG_ERROR, "relay", "row is dead", "id", "r\"1", "error", "bad\x02\n\\",
+	          "utf8", "caf\xc3\xa9", "broken", "a\xff\xfe" "b", "null", NULL, NULL);
+	out = capture_end();
+
+	cr_assert_eq(count_char(out, '\n'), 1, "got: %s", out);
+	o = json_loads(out, 0, &jerr);
+	cr_assert_not_null(o, "not JSON (%s): %s", jerr.text, out);
+	cr_assert(json_is_string(json_object_get(o, "ts")));
+	cr_assert_eq(strlen(json_string_value(json_object_get(o, "ts"))), 24);
+	cr_assert_str_eq(json_string_value(json_object_get(o, "level")), "error");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "component")), "relay");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "msg")), "row is dead");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "id")), "r\"1");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "error")), "bad\x02\n\\");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "utf8")), "caf\xc3\xa9");
+	/* Each invalid byte becomes U+FFFD; jansson would have refused the line otherwise. */
+	cr_assert_str_eq(json_string_value(json_object_get(o, "broken")),
+	                 "a\xef\xbf\xbd\xef\xbf\xbd" "b");
+	cr_assert_str_eq(json_string_value(json_object_get(o, "null")), "");
+	cr_assert_eq(json_object_size(o), 9);
+	json_decref(o);
+	free(out);
+}
+
+Test(log, level_filter_drops_lower_levels)
+{
+	char *out;
+
+	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+	cr_assert(!log_enabled(LOG_DEBUG));
+	cr_assert(!log_enabled(LOG_INFO));
+	cr_assert(log_enabled(LOG_WARN));
+	cr_assert(log_enabled(LOG_ERROR));
+	capture_start();
+	log_event(LOG_DEBUG, "relay", "debug line", NULL);
+	log_event(LOG_INFO, "relay", "info line", NULL);
+	log_event(LOG_WARN, "relay", "warn line", NULL);
+	log_event(LOG_ERROR, "relay", "error line", NULL);
+	out = capture_end();
+
+	cr_assert_null(strstr(out, "debug line"), "got: %s", out);
+	cr_assert_null(strstr(out, "info line"), "got: %s", out);
+	cr_assert_not_null(strstr(out, "level=warn component=relay msg=\"warn line\""));
+	cr_assert_not_null(strstr(out, "level=error component=relay msg=\"error line\""));
+	cr_assert_eq(count_char(out, '\n'), 2);
+	free(out);
+}
+
+static char *make_string(size_t n, char c)
+{
+	char *s = malloc(n + 1);
+
+	cr_assert_not_null(s);
+	memset(s, c, n);
+	s[n] = '\0';
+	return s;
+}
+
+Test(log, huge_values_are_cut_and_the_line_stays_valid)
+{
+	json_error_t jerr;
+	json_t *o;
+	char *big = make_string(100000, 'x');
+	char *quotes = make_string(20000, '\x01');
+	const char *v;
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	capture_start();
+	log_event(LOG_WARN, "relay", "big", "a", big, "b", quotes, "c", big, "d", "tail", NULL);
+	out = capture_end();
+
+	cr_assert_leq(strlen(out), 8192);
+	cr_assert_eq(count_char(out, '\n'), 1);
+	o = json_loads(out, 0, &jerr);
+	cr_assert_not_null(o, "not JSON (%s)", jerr.text);
+	v = json_string_value(json_object_get(o, "a"));
+	cr_assert_not_null(v);
+	cr_assert_lt(strlen(v), 100000);
+	cr_assert_eq(strcmp(v + strlen(v) - 3, "..."), 0, "a cut value ends in ...");
+	json_decref(o);
+	free(out);
+
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	capture_start();
+	log_event(LOG_WARN, "relay", "big", "a", big, "b", "x y", NULL);
+	out = capture_end();
+	cr_assert_leq(strlen(out), 8192);
+	cr_assert_not_null(strstr(out, "xxx... b=\"x y\"\n"), "got tail: %s", out + strlen(out) - 40);
+	free(out);
+	free(big);
+	free(quotes);
+}
