@@ -457,18 +457,19 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 		if (!known && env_name_is(entry, name_len, "OUTBOX_CONFIG", "_FILE")) {
 			/* The file's path is not a secret; a _FILE form would only be a second
 			 * way to say the same thing. */
-			config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration variable "
-					  "(env OUTBOX_CONFIG_FILE); allowed: OUTBOX_CONFIG=<path of "
-					  "the JSON config file>");
+			config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration "
+					  "variable (env OUTBOX_CONFIG_FILE); allowed: "
+					  "OUTBOX_CONFIG=<path of the JSON config file>");
 			continue;
 		}
 		if (!known) {
 			/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run
 			 * silently with the default. */
-			config_errors_add(errs, "%.*s: unknown configuration variable (env %.*s); "
-					  "allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE for a key listed "
-					  "by `outbox-relay config show`, or OUTBOX_CONFIG",
-					  (int)name_len, entry, (int)name_len, entry);
+			config_errors_add(errs, "%.*s: unknown configuration variable "
+					  "(env %.*s); allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE "
+					  "for a key listed by `outbox-relay config show`, or "
+					  "OUTBOX_CONFIG", (int)name_len, entry, (int)name_len,
+					  entry);
 		}
 	}
 	for (size_t i = 0; i < nkeys; i++) {
@@ -490,12 +491,13 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 
 			snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, file[i]);
 			if (!secret) {
-				config_errors_add(errs, "%s: could not read %s_FILE \"%s\": %s (env "
-						  "%s_FILE); allowed: a readable file holding the "
-						  "value", k->name, k->env, file[i],
-						  err == EINVAL ? "not a text file or too large"
-								: strerror(err),
-						  k->env);
+				const char *why = err == EINVAL ? "not a text file or too large"
+								: strerror(err);
+
+				config_errors_add(errs, "%s: could not read %s_FILE \"%s\": %s "
+						  "(env %s_FILE); allowed: a readable file "
+						  "holding the value", k->name, k->env, file[i],
+						  why, k->env);
 				slots[i].failed = true;
 				continue;
 			}
@@ -607,7 +609,8 @@ static struct config *build(struct slot *slots)
 	c->relay_ordering = slots[slot_index("relay.ordering")].num == 1
 				    ? CONFIG_ORDERING_SKIP_DEAD : CONFIG_ORDERING_STRICT;
 	c->log_level = (enum config_log_level)slots[slot_index("log.level")].num;
-	c->log_format = slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON : CONFIG_LOG_TEXT;
+	c->log_format = slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON
+								  : CONFIG_LOG_TEXT;
 	return c;
 }
 

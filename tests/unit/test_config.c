@@ -121,8 +121,11 @@ Test(config, key_table_env_names_follow_the_rule)
 		char env[128] = "OUTBOX_";
 		size_t len = strlen(env);
 
-		for (const char *p = config_key_name(i); *p && len + 1 < sizeof(env); p++)
-			env[len++] = *p == '.' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+		for (const char *p = config_key_name(i); *p && len + 1 < sizeof(env); p++) {
+			char ch = *p == '.' ? '_' : *p;
+
+			env[len++] = (char)(ch >= 'a' && ch <= 'z' ? ch - 'a' + 'A' : ch);
+		}
 		env[len] = '\0';
 		cr_assert_str_eq(config_key_env(i), env);
 		cr_assert_eq(config_key_index(config_key_name(i)), (int)i);
