@@ -647,7 +647,6 @@ struct config *config_load(const struct config_sources *src, struct config_error
 		config_errors_add(errs, "config: out of memory");
 		goto out;
 	}
-	/* Every string field must be non-NULL for readers; build moved them all. */
 out:
 	for (size_t i = 0; i < nkeys; i++) {
 		free(slots[i].text);
