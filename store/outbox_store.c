@@ -1,0 +1,973 @@
+/* The relay's hot path on PostgreSQL: connecting, the prepared claim (lease + ordering keys),
+ * marking rows published or failed, releasing leases, arming the wake-up flag and draining
+ * notifications. Errors are classified here into reconnect / retry / fatal. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+
+/* A claimed batch may carry large bodies, but never more than this in one go. */
+#define BATCH_BUF_MAX ((size_t)1 << 30)
+/* Parameter literals: 10000 ids or 10000 error texts of 1000 characters fit. */
+#define ARRAY_BUF_MAX ((size_t)64 << 20)
+#define ELEM_CHARS_MAX 1000
+#define SQL_MAX 4096
+
+/* Columns a store_row needs, in the order parse_batch() reads them. */
+#define ROW_COLUMNS                                                                      \
+	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, "         \
+	"o.content_type, o.headers, o.properties, o.ordering_key, "                      \
+	"extract(epoch FROM o.created_at)::bigint, o.attempts"
+enum {
+	COL_SEQ,
+	COL_ID,
+	COL_EXCHANGE,
+	COL_ROUTING_KEY,
+	COL_BODY,
+	COL_BODY_ENCODING,
+	COL_CONTENT_TYPE,
+	COL_HEADERS,
+	COL_PROPERTIES,
+	COL_ORDERING_KEY,
+	COL_CREATED_AT,
+	COL_ATTEMPTS,
+	COL_COUNT
+};
+
+/* Names of the prepared statements (per connection). */
+#define ST_CLAIM "outbox_claim"
+#define ST_MARK "outbox_mark"
+#define ST_DELETE "outbox_delete"
+#define ST_FAIL "outbox_fail"
+#define ST_RELEASE "outbox_release"
+#define ST_RELEASE_ALL "outbox_release_all"
+#define ST_ARM "outbox_arm"
+
+/* Columns store_connect() insists on in relay mode (DESIGN §1). */
+static const char *const required_columns[] = {
+	"seq", "id", "exchange_name", "routing_key", "body", "body_encoding", "content_type",
+	"headers", "properties", "ordering_key", "txid", "created_at", "available_at",
+	"published_at", "attempts", "last_error", "locked_by", "locked_until",
+};
+
+/* ---- errors ---- */
+
+/* Copies text as one line: newlines become spaces, trailing blanks go. */
+static void set_line(struct store *s, const char *prefix, const char *text)
+{
+	size_t n;
+
+	snprintf(s->errmsg, sizeof(s->errmsg), "%s%s%s", prefix ? prefix : "",
+	         prefix && text && text[0] ? ": " : "", text ? text : "");
+	for (char *c = s->errmsg; *c; c++)
+		if (*c == '\n' || *c == '\r' || *c == '\t')
+			*c = ' ';
+	n = strlen(s->errmsg);
+	while (n > 0 && s->errmsg[n - 1] == ' ')
+		s->errmsg[--n] = '\0';
+}
+
+void store_set_error(struct store *s, const char *fmt, ...)
+{
+	va_list ap;
+	char tmp[STORE_ERRMSG_MAX];
+
+	va_start(ap, fmt);
+	vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	set_line(s, NULL, tmp);
+}
+
+static bool sqlstate_is(const char *st, const char *want)
+{
+	return st && strncmp(st, want, strlen(want)) == 0;
+}
+
+int store_result_error(struct store *s, const PGresult *res, const char *what)
+{
+	const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	const char *text = res ? PQresultErrorMessage(res) : NULL;
+	bool conn_bad = !s->conn || PQstatus(s->conn) == CONNECTION_BAD;
+
+	if (!text || !text[0])
+		text = s->conn ? PQerrorMessage(s->conn) : "not connected";
+	if (res && PQresultStatus(res) != PGRES_FATAL_ERROR &&
+	    PQresultStatus(res) != PGRES_NONFATAL_ERROR && (!text || !text[0]))
+		text = PQresStatus(PQresultStatus(res));
+	set_line(s, what, text);
+	/* Class 08 (connection exception) and the shutdown codes mean the server side is gone
+	 * even if libpq has not noticed yet: reconnect rather than retry on this socket. */
+	if (conn_bad || sqlstate_is(st, "08") || sqlstate_is(st, "57P01") ||
+	    sqlstate_is(st, "57P02") || sqlstate_is(st, "57P03"))
+		return STORE_ERR_CONN;
+	/* Things that retrying cannot fix: the table, a column or a function is missing, or
+	 * this role may not use them. */
+	if (sqlstate_is(st, "42P01") || sqlstate_is(st, "42703") || sqlstate_is(st, "42501") ||
+	    sqlstate_is(st, "42883") || sqlstate_is(st, "3F000"))
+		return STORE_ERR_FATAL;
+	if (!res)
+		return STORE_ERR_NOMEM;
+	return STORE_ERR_QUERY;
+}
+
+int store_require_conn(struct store *s)
+{
+	if (!s->conn || PQstatus(s->conn) != CONNECTION_OK) {
+		set_line(s, "not connected to PostgreSQL", NULL);
+		return STORE_ERR_CONN;
+	}
+	if (s->inflight != STORE_INFLIGHT_NONE) {
+		/* A _send without its _recv would make us read someone else's result. */
+		set_line(s, "a previous request is still waiting for its result", NULL);
+		return STORE_ERR_QUERY;
+	}
+	return 0;
+}
+
+int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
+               ExecStatusType want, PGresult **out, const char *what)
+{
+	PGresult *res;
+	int rc;
+
+	rc = store_require_conn(s);
+	if (rc != 0)
+		return rc;
+	res = PQexecParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != want) {
+		rc = store_result_error(s, res, what);
+		PQclear(res);
+		return rc;
+	}
+	if (out)
+		*out = res;
+	else
+		PQclear(res);
+	return 0;
+}
+
+/* ---- UTF-8 and array literals ---- */
+
+/* Length of the valid UTF-8 sequence at s (1..4), 0 when invalid or NUL. Overlongs,
+ * surrogates and code points above U+10FFFF are invalid, as PostgreSQL rejects them. */
+static size_t utf8_seq_len(const unsigned char *s, size_t avail)
+{
+	unsigned c = s[0];
+	size_t n;
+	unsigned cp;
+
+	if (c == 0)
+		return 0;
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xC2 && c <= 0xDF)
+		n = 2, cp = c & 0x1F;
+	else if (c >= 0xE0 && c <= 0xEF)
+		n = 3, cp = c & 0x0F;
+	else if (c >= 0xF0 && c <= 0xF4)
+		n = 4, cp = c & 0x07;
+	else
+		return 0;
+	if (avail < n)
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3F);
+	}
+	if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+	    (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+		return 0;
+	return n;
+}
+
+size_t store_utf8_valid_prefix(const char *s, size_t len)
+{
+	size_t i = 0, n;
+
+	while (i < len && (n = utf8_seq_len((const unsigned char *)s + i, len - i)) > 0)
+		i += n;
+	return i;
+}
+
+const char *store_string_at(const void *items, size_t i)
+{
+	return ((const char *const *)items)[i];
+}
+
+static int slot_reserve(struct store *s, enum store_slot slot, size_t need)
+{
+	size_t cap = s->arr_cap[slot];
+	char *p;
+
+	if (need <= cap)
+		return 0;
+	if (need > ARRAY_BUF_MAX) {
+		store_set_error(s, "parameter of %zu bytes exceeds the limit of %zu", need,
+		                ARRAY_BUF_MAX);
+		return STORE_ERR_NOMEM;
+	}
+	if (cap == 0)
+		cap = 1024;
+	while (cap < need)
+		cap *= 2;
+	if (cap > ARRAY_BUF_MAX)
+		cap = ARRAY_BUF_MAX;
+	p = realloc(s->arr[slot], cap);
+	if (!p) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	s->arr[slot] = p;
+	s->arr_cap[slot] = cap;
+	return 0;
+}
+
+int store_text_array(struct store *s, enum store_slot slot, const void *items, size_t n,
+                     const char *(*get)(const void *items, size_t i), const char **out)
+{
+	size_t need = 3, len = 0;
+	char *p;
+	int rc;
+
+	/* Worst case per element: every byte escaped, quotes and a comma. */
+	for (size_t i = 0; i < n; i++) {
+		const char *v = get(items, i);
+		need += v ? 2 * strlen(v) + 3 : 5;
+	}
+	rc = slot_reserve(s, slot, need);
+	if (rc != 0)
+		return rc;
+	p = s->arr[slot];
+	p[len++] = '{';
+	for (size_t i = 0; i < n; i++) {
+		const char *v = get(items, i);
+		size_t vlen, j = 0, chars = 0;
+
+		if (i > 0)
+			p[len++] = ',';
+		if (!v) {
+			memcpy(p + len, "NULL", 4);
+			len += 4;
+			continue;
+		}
+		vlen = strlen(v);
+		p[len++] = '"';
+		while (j < vlen && chars < ELEM_CHARS_MAX) {
+			size_t k = utf8_seq_len((const unsigned char *)v + j, vlen - j);
+			if (k == 0) {
+				p[len++] = '?';
+				j++;
+			} else {
+				for (size_t m = 0; m < k; m++) {
+					char c = v[j + m];
+					if (c == '"' || c == '\\')
+						p[len++] = '\\';
+					p[len++] = c;
+				}
+				j += k;
+			}
+			chars++;
+		}
+		p[len++] = '"';
+	}
+	p[len++] = '}';
+	p[len] = '\0';
+	*out = p;
+	return 0;
+}
+
+/* A numeric/boolean array literal of n elements produced by fmt_elem. */
+static int scalar_array(struct store *s, enum store_slot slot, size_t n, const char **out,
+                        const struct store_failure *f, bool delays)
+{
+	size_t len = 0, need = 3 + n * 22;
+	char *p;
+	int rc;
+
+	rc = slot_reserve(s, slot, need);
+	if (rc != 0)
+		return rc;
+	p = s->arr[slot];
+	p[len++] = '{';
+	for (size_t i = 0; i < n; i++) {
+		int w;
+		if (delays)
+			w = snprintf(p + len, need - len, "%s%lld", i ? "," : "",
+			             (long long)(f[i].delay_ms > 0 ? f[i].delay_ms : 0));
+		else
+			w = snprintf(p + len, need - len, "%s%s", i ? "," : "", f[i].dead ? "t" : "f");
+		if (w < 0 || (size_t)w >= need - len) {
+			store_set_error(s, "could not format a parameter array");
+			return STORE_ERR_NOMEM;
+		}
+		len += (size_t)w;
+	}
+	p[len++] = '}';
+	p[len] = '\0';
+	*out = p;
+	return 0;
+}
+
+/* ---- handle ---- */
+
+void store_batch_init(struct store_batch *b)
+{
+	memset(b, 0, sizeof(*b));
+}
+
+void store_batch_free(struct store_batch *b)
+{
+	if (!b)
+		return;
+	free(b->rows);
+	free(b->buf);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Ownership: opts and its strings are borrowed for the handle's lifetime. */
+struct store *store_new(const struct store_options *opts)
+{
+	struct store *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	s->opts = *opts;
+	/* An unusable name is remembered as "" and refused at connect with a message. */
+	if (opts->table && store_identifier_valid(opts->table))
+		snprintf(s->table, sizeof(s->table), "%s", opts->table);
+	return s;
+}
+
+void store_disconnect(struct store *s)
+{
+	if (!s)
+		return;
+	PQfinish(s->conn);
+	s->conn = NULL;
+	s->prepared = false;
+	s->inflight = STORE_INFLIGHT_NONE;
+}
+
+void store_free(struct store *s)
+{
+	if (!s)
+		return;
+	store_disconnect(s);
+	for (int i = 0; i < STORE_SLOT_COUNT; i++)
+		free(s->arr[i]);
+	free(s);
+}
+
+const char *store_errmsg(const struct store *s)
+{
+	return s ? s->errmsg : "no store";
+}
+
+bool store_connected(const struct store *s)
+{
+	return s && s->conn && PQstatus(s->conn) == CONNECTION_OK;
+}
+
+int store_socket(const struct store *s)
+{
+	return store_connected(s) ? PQsocket(s->conn) : -1;
+}
+
+static int prepare_one(struct store *s, const char *name, int nparams, const char *sql, int w)
+{
+	PGresult *res;
+	int rc = 0;
+
+	if (w < 0 || w >= SQL_MAX) {
+		store_set_error(s, "statement %s too long", name);
+		return STORE_ERR_FATAL;
+	}
+	res = PQprepare(s->conn, name, sql, nparams, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		rc = store_result_error(s, res, "could not prepare the relay statements");
+		if (rc == STORE_ERR_FATAL) {
+			char tmp[STORE_ERRMSG_MAX];
+			snprintf(tmp, sizeof(tmp), "%s", s->errmsg);
+			set_line(s, tmp, "run 'outbox-relay migrate'");
+		}
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* Prepared once per connection: the claim and the marks run thousands of times a second. */
+static int prepare_statements(struct store *s)
+{
+	char sql[SQL_MAX];
+	char wake[STORE_NAME_MAX];
+	const char *t = s->table;
+	int w, rc;
+
+	if (!store_wakeup_name(t, wake, sizeof(wake))) {
+		store_set_error(s, "table name '%s' too long", t);
+		return STORE_ERR_FATAL;
+	}
+
+	/* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead,
+	 * the oldest that is not dead), and only once every transaction older than the
+	 * snapshot's xmin has ended, so that a producer still in progress cannot later commit
+	 * an earlier row of that key. The disarm CTE clears the wake-up flag in the same round
+	 * trip. The order is the pending index's, so the scan stops after about $3 rows. */
+	w = snprintf(sql, sizeof(sql),
+	             "WITH disarm AS (UPDATE %s SET armed_until = NULL"
+	             " WHERE $1::boolean AND armed_until IS NOT NULL),"
+	             " c AS (SELECT o.seq FROM %s o"
+	             " WHERE o.published_at IS NULL AND o.attempts < $2::int"
+	             " AND o.available_at <= now()"
+	             " AND (o.locked_until IS NULL OR o.locked_until < now())"
+	             " AND (o.ordering_key IS NULL OR ("
+	             "o.txid < pg_snapshot_xmin(pg_current_snapshot())"
+	             " AND NOT EXISTS (SELECT 1 FROM %s p"
+	             " WHERE p.ordering_key = o.ordering_key"
+	             " AND p.published_at IS NULL AND p.seq < o.seq%s)))"
+	             " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED)"
+	             " UPDATE %s o SET locked_by = $4::text,"
+	             " locked_until = now() + $5::bigint * interval '1 millisecond'"
+	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS,
+	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t);
+	if ((rc = prepare_one(s, ST_CLAIM, 5, sql, w)) != 0)
+		return rc;
+
+	w = snprintf(sql, sizeof(sql),
+	             "UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
+	             " WHERE id = ANY($1::text[]) AND published_at IS NULL",
+	             t);
+	if ((rc = prepare_one(s, ST_MARK, 1, sql, w)) != 0)
+		return rc;
+
+	w = snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE id = ANY($1::text[])", t);
+	if ((rc = prepare_one(s, ST_DELETE, 1, sql, w)) != 0)
+		return rc;
+
+	/* Fenced by locked_by: a relay whose lease ran out must not charge an attempt to a row
+	 * another relay now holds. left() counts characters, as VARCHAR(1000) does. */
+	w = snprintf(sql, sizeof(sql),
+	             "UPDATE %s o SET attempts = CASE WHEN u.dead THEN $5::int"
+	             " ELSE o.attempts + 1 END,"
+	             " last_error = left(u.err, 1000),"
+	             " available_at = now() + u.delay * interval '1 millisecond',"
+	             " locked_by = NULL, locked_until = NULL"
+	             " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[])"
+	             " AS u(id, err, delay, dead)"
+	             " WHERE o.id = u.id AND o.locked_by = $6::text AND o.published_at IS NULL",
+	             t);
+	if ((rc = prepare_one(s, ST_FAIL, 6, sql, w)) != 0)
+		return rc;
+
+	w = snprintf(sql, sizeof(sql),
+	             "UPDATE %s SET locked_by = NULL, locked_until = NULL"
+	             " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
+	             t);
+	if ((rc = prepare_one(s, ST_RELEASE, 2, sql, w)) != 0)
+		return rc;
+
+	w = snprintf(sql, sizeof(sql),
+	             "UPDATE %s SET locked_by = NULL, locked_until = NULL WHERE locked_by = $1::text",
+	             t);
+	if ((rc = prepare_one(s, ST_RELEASE_ALL, 1, sql, w)) != 0)
+		return rc;
+
+	w = snprintf(sql, sizeof(sql),
+	             "UPDATE %s SET armed_until = now() + $1::bigint * interval '1 millisecond'"
+	             " WHERE id = 1",
+	             wake);
+	if ((rc = prepare_one(s, ST_ARM, 1, sql, w)) != 0)
+		return rc;
+
+	s->prepared = true;
+	return 0;
+}
+
+/* Admin handles prepare the relay statements on first use only: before `migrate` the table
+ * may not exist, and preparing would fail. */
+static int ensure_prepared(struct store *s)
+{
+	int rc = store_require_conn(s);
+
+	if (rc != 0)
+		return rc;
+	return s->prepared ? 0 : prepare_statements(s);
+}
+
+/* Relay mode: say plainly what is missing rather than failing later on a prepare. */
+static int check_table(struct store *s)
+{
+	char wake[STORE_NAME_MAX];
+	const char *params[2];
+	PGresult *res = NULL;
+	char missing[STORE_ERRMSG_MAX / 2] = "";
+	size_t mlen = 0;
+	bool have_wakeup = false;
+	int rc;
+
+	if (!store_wakeup_name(s->table, wake, sizeof(wake))) {
+		store_set_error(s, "table name '%s' too long", s->table);
+		return STORE_ERR_FATAL;
+	}
+	params[0] = s->table;
+	params[1] = wake;
+	rc = store_exec(s,
+	                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1)"
+	                " AND attnum > 0 AND NOT attisdropped"
+	                " UNION ALL SELECT '' WHERE to_regclass($2) IS NOT NULL",
+	                2, params, PGRES_TUPLES_OK, &res, "could not inspect the outbox table");
+	if (rc != 0)
+		goto out;
+	for (int i = 0; i < PQntuples(res); i++)
+		if (PQgetvalue(res, i, 0)[0] == '\0')
+			have_wakeup = true;
+	if (PQntuples(res) == (have_wakeup ? 1 : 0)) {
+		store_set_error(s, "table '%s' does not exist: run 'outbox-relay migrate'", s->table);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	for (size_t c = 0; c < sizeof(required_columns) / sizeof(required_columns[0]); c++) {
+		bool found = false;
+		for (int i = 0; i < PQntuples(res) && !found; i++)
+			found = strcmp(PQgetvalue(res, i, 0), required_columns[c]) == 0;
+		if (!found) {
+			int w = snprintf(missing + mlen, sizeof(missing) - mlen, "%s%s",
+			                 mlen ? ", " : "", required_columns[c]);
+			if (w > 0 && (size_t)w < sizeof(missing) - mlen)
+				mlen += (size_t)w;
+		}
+	}
+	if (mlen > 0) {
+		store_set_error(s, "table '%s' lacks column(s) %s: run 'outbox-relay migrate'",
+		                s->table, missing);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	if (!have_wakeup) {
+		store_set_error(s, "table '%s' lacks its wake-up table %s: run 'outbox-relay migrate'",
+		                s->table, wake);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	rc = 0;
+out:
+	PQclear(res);
+	return rc;
+}
+
+int store_connect(struct store *s)
+{
+	/* Ours first, the user's string (dbname, expanded) last: libpq keeps the last value of
+	 * a repeated keyword, so anything the user sets wins. Keepalives notice a dead peer
+	 * (a pulled cable, a failed-over VIP) in about 25 s instead of the kernel's 2 hours. */
+	const char *keys[] = { "application_name", "keepalives", "keepalives_idle",
+		               "keepalives_interval", "keepalives_count", "client_encoding",
+		               "dbname", NULL };
+	const char *vals[] = { s->opts.application_name ? s->opts.application_name
+		                                         : "outbox-relay",
+		               "1", "10", "5", "3", "UTF8",
+		               s->opts.conninfo ? s->opts.conninfo : "", NULL };
+	char sql[STORE_NAME_MAX + 32];
+	PGresult *res = NULL;
+	int rc;
+
+	store_disconnect(s);
+	if (!s->table[0]) {
+		store_set_error(s, "table name '%s' is not a valid identifier",
+		                s->opts.table ? s->opts.table : "");
+		return STORE_ERR_FATAL;
+	}
+	s->conn = PQconnectdbParams(keys, vals, 1);
+	if (!s->conn) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	if (PQstatus(s->conn) != CONNECTION_OK) {
+		set_line(s, "could not connect to PostgreSQL", PQerrorMessage(s->conn));
+		rc = STORE_ERR_CONN;
+		goto out;
+	}
+	if (s->opts.admin) {
+		rc = 0;
+		goto out;
+	}
+	rc = check_table(s);
+	if (rc != 0)
+		goto out;
+	rc = prepare_statements(s);
+	if (rc != 0)
+		goto out;
+	if (s->opts.channel && s->opts.channel[0]) {
+		if (!store_plain_identifier_valid(s->opts.channel)) {
+			store_set_error(s, "channel '%s' is not a valid identifier", s->opts.channel);
+			rc = STORE_ERR_FATAL;
+			goto out;
+		}
+		/* Quoted, so that the name matches pg_notify('<channel>') case for case. */
+		snprintf(sql, sizeof(sql), "LISTEN \"%s\"", s->opts.channel);
+		res = PQexec(s->conn, sql);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+			rc = store_result_error(s, res, "could not LISTEN");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	PQclear(res);
+	if (rc != 0) {
+		/* Keep the message: store_disconnect() does not touch it. */
+		store_disconnect(s);
+	}
+	return rc;
+}
+
+/* ---- claim ---- */
+
+static int cmp_row_seq(const void *a, const void *b)
+{
+	const struct store_row *x = a, *y = b;
+
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int parse_int64(const char *v, int64_t *out)
+{
+	char *end;
+	long long x;
+
+	errno = 0;
+	x = strtoll(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0')
+		return -1;
+	*out = x;
+	return 0;
+}
+
+/* Copies the result into the batch's single buffer: sizes first, so that the buffer is
+ * (re)allocated at most once and no pointer is taken before it stops moving. */
+static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out)
+{
+	int nt = PQntuples(res);
+	size_t total = 0, used = 0;
+
+	if (PQnfields(res) != COL_COUNT) {
+		store_set_error(s, "claim returned %d columns, expected %d", PQnfields(res),
+		                COL_COUNT);
+		return STORE_ERR_QUERY;
+	}
+	for (int i = 0; i < nt; i++)
+		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++)
+			total += (size_t)PQgetlength(res, i, c) + 1;
+	if (total > BATCH_BUF_MAX) {
+		store_set_error(s, "claimed batch of %d rows needs %zu bytes, more than the limit "
+		                "of %zu: lower relay.batch_size", nt, total, BATCH_BUF_MAX);
+		return STORE_ERR_NOMEM;
+	}
+	if ((size_t)nt > out->cap) {
+		struct store_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
+		if (!r)
+			goto nomem;
+		out->rows = r;
+		out->cap = (size_t)nt;
+	}
+	if (total > out->buf_cap) {
+		size_t cap = out->buf_cap ? out->buf_cap : 64 * 1024;
+		while (cap < total)
+			cap *= 2;
+		if (cap > BATCH_BUF_MAX)
+			cap = BATCH_BUF_MAX;
+		/* No need to keep the old contents: the batch is being replaced. */
+		free(out->buf);
+		out->buf = malloc(cap);
+		out->buf_cap = out->buf ? cap : 0;
+		if (!out->buf)
+			goto nomem;
+	}
+	for (int i = 0; i < nt; i++) {
+		struct store_row *r = &out->rows[i];
+		const char **dst[] = { &r->id, &r->exchange, &r->routing_key, &r->body,
+			               &r->body_encoding, &r->content_type, &r->headers,
+			               &r->properties, &r->ordering_key };
+		int64_t v;
+
+		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++) {
+			size_t len = (size_t)PQgetlength(res, i, c);
+			if (PQgetisnull(res, i, c)) {
+				*dst[c - COL_ID] = NULL;
+				continue;
+			}
+			memcpy(out->buf + used, PQgetvalue(res, i, c), len);
+			out->buf[used + len] = '\0';
+			*dst[c - COL_ID] = out->buf + used;
+			if (c == COL_BODY)
+				r->body_len = len;
+			used += len + 1;
+		}
+		if (parse_int64(PQgetvalue(res, i, COL_SEQ), &r->seq) != 0 ||
+		    parse_int64(PQgetvalue(res, i, COL_CREATED_AT), &r->created_at_s) != 0 ||
+		    parse_int64(PQgetvalue(res, i, COL_ATTEMPTS), &v) != 0) {
+			store_set_error(s, "claim returned an unreadable number");
+			out->n = 0;
+			return STORE_ERR_QUERY;
+		}
+		r->attempts = (int)v;
+	}
+	out->buf_len = used;
+	out->n = (size_t)nt;
+	/* RETURNING comes in no particular order; publishing must go oldest first. */
+	qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
+	return 0;
+nomem:
+	store_set_error(s, "out of memory");
+	return STORE_ERR_NOMEM;
+}
+
+/* Reads every result of the request in flight; returns the first (caller clears) or NULL. */
+static PGresult *collect(struct store *s)
+{
+	PGresult *first = NULL, *r;
+
+	while ((r = PQgetResult(s->conn)) != NULL) {
+		if (!first)
+			first = r;
+		else
+			PQclear(r);
+	}
+	s->inflight = STORE_INFLIGHT_NONE;
+	return first;
+}
+
+static int send_prepared(struct store *s, const char *name, int n, const char *const *params,
+                         enum store_inflight kind, const char *what)
+{
+	if (!PQsendQueryPrepared(s->conn, name, n, params, NULL, NULL, 0))
+		return store_result_error(s, NULL, what);
+	s->inflight = kind;
+	return 0;
+}
+
+int store_claim_send(struct store *s, bool disarm)
+{
+	char max[16], batch[16], lease[24];
+	const char *params[5];
+	int rc;
+
+	rc = ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
+	snprintf(batch, sizeof(batch), "%d", s->opts.batch_size > 0 ? s->opts.batch_size : 1);
+	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
+	params[0] = disarm ? "t" : "f";
+	params[1] = max;
+	params[2] = batch;
+	params[3] = s->opts.relay_id ? s->opts.relay_id : "";
+	params[4] = lease;
+	return send_prepared(s, ST_CLAIM, 5, params, STORE_INFLIGHT_CLAIM, "could not claim");
+}
+
+int store_claim_recv(struct store *s, struct store_batch *out)
+{
+	PGresult *res;
+	int rc;
+
+	out->n = 0;
+	if (!s->conn || s->inflight != STORE_INFLIGHT_CLAIM) {
+		store_set_error(s, "no claim is waiting for its result");
+		return s->conn ? STORE_ERR_QUERY : STORE_ERR_CONN;
+	}
+	res = collect(s);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		rc = store_result_error(s, res, "could not claim");
+	else
+		rc = parse_batch(s, res, out);
+	PQclear(res);
+	return rc;
+}
+
+int store_claim(struct store *s, bool disarm, struct store_batch *out)
+{
+	int rc = store_claim_send(s, disarm);
+
+	if (rc != 0) {
+		out->n = 0;
+		return rc;
+	}
+	return store_claim_recv(s, out);
+}
+
+/* ---- mark, fail, release ---- */
+
+int store_mark_published_send(struct store *s, const char *const *ids, size_t n,
+                              bool delete_rows)
+{
+	const char *arr;
+	int rc;
+
+	rc = ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	if (n == 0) {
+		s->inflight = STORE_INFLIGHT_MARK_NOOP;
+		return 0;
+	}
+	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, &arr);
+	if (rc != 0)
+		return rc;
+	return send_prepared(s, delete_rows ? ST_DELETE : ST_MARK, 1, &arr, STORE_INFLIGHT_MARK,
+	                     "could not mark rows published");
+}
+
+int store_mark_published_recv(struct store *s)
+{
+	PGresult *res;
+	int rc = 0;
+
+	if (s->inflight == STORE_INFLIGHT_MARK_NOOP) {
+		s->inflight = STORE_INFLIGHT_NONE;
+		return 0;
+	}
+	if (!s->conn || s->inflight != STORE_INFLIGHT_MARK) {
+		store_set_error(s, "no mark is waiting for its result");
+		return s->conn ? STORE_ERR_QUERY : STORE_ERR_CONN;
+	}
+	res = collect(s);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		rc = store_result_error(s, res, "could not mark rows published");
+	PQclear(res);
+	return rc;
+}
+
+int store_mark_published(struct store *s, const char *const *ids, size_t n, bool delete_rows)
+{
+	int rc = store_mark_published_send(s, ids, n, delete_rows);
+
+	if (rc != 0)
+		return rc;
+	return store_mark_published_recv(s);
+}
+
+/* Runs a prepared statement that changes rows; *changed (may be NULL) gets the count. */
+static int exec_prepared(struct store *s, const char *name, int n, const char *const *params,
+                         size_t *changed, const char *what)
+{
+	PGresult *res;
+	int64_t v = 0;
+	int rc = 0;
+
+	res = PQexecPrepared(s->conn, name, n, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		rc = store_result_error(s, res, what);
+		goto out;
+	}
+	if (parse_int64(PQcmdTuples(res), &v) != 0)
+		v = 0;
+	if (changed)
+		*changed = (size_t)v;
+out:
+	PQclear(res);
+	return rc;
+}
+
+static const char *failure_id_at(const void *items, size_t i)
+{
+	return ((const struct store_failure *)items)[i].id;
+}
+
+static const char *failure_error_at(const void *items, size_t i)
+{
+	const char *e = ((const struct store_failure *)items)[i].error;
+	return e ? e : "";
+}
+
+int store_mark_failed(struct store *s, const struct store_failure *f, size_t n,
+                      size_t *n_changed)
+{
+	const char *params[6];
+	char max[16];
+	int rc;
+
+	rc = ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	if (n == 0) {
+		if (n_changed)
+			*n_changed = 0;
+		return 0;
+	}
+	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
+	if ((rc = store_text_array(s, STORE_SLOT_IDS, f, n, failure_id_at, &params[0])) != 0 ||
+	    (rc = store_text_array(s, STORE_SLOT_ERRORS, f, n, failure_error_at, &params[1])) !=
+	            0 ||
+	    (rc = scalar_array(s, STORE_SLOT_DELAYS, n, &params[2], f, true)) != 0 ||
+	    (rc = scalar_array(s, STORE_SLOT_DEAD, n, &params[3], f, false)) != 0)
+		return rc;
+	params[4] = max;
+	params[5] = s->opts.relay_id ? s->opts.relay_id : "";
+	return exec_prepared(s, ST_FAIL, 6, params, n_changed, "could not mark rows failed");
+}
+
+int store_release(struct store *s, const char *const *ids, size_t n)
+{
+	const char *params[2];
+	const char *relay = s->opts.relay_id ? s->opts.relay_id : "";
+	int rc;
+
+	rc = ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	if (!ids) {
+		params[0] = relay;
+		return exec_prepared(s, ST_RELEASE_ALL, 1, params, NULL, "could not release leases");
+	}
+	if (n == 0)
+		return 0;
+	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, &params[0]);
+	if (rc != 0)
+		return rc;
+	params[1] = relay;
+	return exec_prepared(s, ST_RELEASE, 2, params, NULL, "could not release leases");
+}
+
+/* ---- wake-up ---- */
+
+int store_arm(struct store *s, int64_t ttl_ms)
+{
+	char ttl[24];
+	const char *params[1] = { ttl };
+	int rc;
+
+	rc = ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	snprintf(ttl, sizeof(ttl), "%lld", (long long)(ttl_ms > 0 ? ttl_ms : 0));
+	return exec_prepared(s, ST_ARM, 1, params, NULL, "could not arm the wake-up");
+}
+
+int store_consume_input(struct store *s, bool *woken)
+{
+	PGnotify *n;
+	bool got = false;
+	int rc;
+
+	rc = store_require_conn(s);
+	if (rc != 0)
+		return rc;
+	if (!PQconsumeInput(s->conn)) {
+		set_line(s, "could not read from PostgreSQL", PQerrorMessage(s->conn));
+		return PQstatus(s->conn) == CONNECTION_BAD ? STORE_ERR_CONN : STORE_ERR_QUERY;
+	}
+	while ((n = PQnotifies(s->conn)) != NULL) {
+		if (s->opts.channel && strcmp(n->relname, s->opts.channel) == 0)
+			got = true;
+		PQfreemem(n);
+		/* Anything else that arrived (more notifications) is already buffered. */
+	}
+	*woken = got;
+	return 0;
+}
