@@ -373,6 +373,19 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 					  "`outbox-relay config show`", e->key, source);
 			continue;
 		}
+		for (size_t j = 0; j < i; j++) {
+			/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins
+			 * would be an accident of iteration order. */
+			if (strcmp(f.v[j].key, e->key) == 0) {
+				config_errors_add(errs, "%s: given twice (%s and line %d); allowed: "
+						  "one value per key", e->key, source,
+						  f.v[j].line);
+				slots[idx].failed = true;
+				break;
+			}
+		}
+		if (slots[idx].failed)
+			continue;
 		g = (struct given){ e->text, e->kind, e->ms, e->ms_ok, source };
 		(void)assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
 	}
@@ -635,7 +648,9 @@ struct config *config_load(const struct config_sources *src, struct config_error
 		if (strncmp(src->environ[e], "OUTBOX_CONFIG=", 14) == 0)
 			file = src->environ[e] + 14;
 	}
-	if (file && *file)
+	if (src->file && !*src->file)
+		config_errors_add(errs, "--config: got an empty path; allowed: a JSON file");
+	else if (file && *file)
 		load_file(file, slots, errs);
 	load_env(src->environ, slots, errs);
 	load_sets(src, slots, errs);

@@ -101,12 +101,13 @@ static int key_lines_add(struct key_lines *kl, const char *path, int line)
 	return 0;
 }
 
-static int key_lines_find(const struct key_lines *kl, const char *path)
+/* Line of the nth (from 0) occurrence of path. One key can be spelled twice, nested and
+ * dotted; jansson walks objects in file order, so the nth entry met is the nth written. */
+static int key_lines_find(const struct key_lines *kl, const char *path, size_t nth)
 {
-	/* The last one wins, like the parser; duplicates are rejected anyway. */
-	for (size_t i = kl->n; i > 0; i--) {
-		if (strcmp(kl->v[i - 1].path, path) == 0)
-			return kl->v[i - 1].line;
+	for (size_t i = 0; i < kl->n; i++) {
+		if (strcmp(kl->v[i].path, path) == 0 && nth-- == 0)
+			return kl->v[i].line;
 	}
 	return 0;
 }
@@ -264,6 +265,7 @@ static int flatten(json_t *obj, const char *prefix, const struct key_lines *kl,
 	json_object_foreach(obj, name, v) {
 		char path[CONFIG_PATH_MAX];
 		struct config_file_entry e;
+		size_t seen = 0;
 		int w;
 
 		w = snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", name);
@@ -276,7 +278,11 @@ static int flatten(json_t *obj, const char *prefix, const struct key_lines *kl,
 			continue;
 		}
 		memset(&e, 0, sizeof(e));
-		e.line = key_lines_find(kl, path);
+		for (size_t j = 0; j < f->n; j++) {
+			if (strcmp(f->v[j].key, path) == 0)
+				seen++;
+		}
+		e.line = key_lines_find(kl, path, seen);
 		e.key = strdup(path);
 		e.text = json_text(v, &e.kind, &e.ms, &e.ms_ok);
 		if (!e.key || !e.text || entries_add(f, cap, &e) < 0) {

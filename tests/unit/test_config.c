@@ -247,6 +247,9 @@ Test(config, missing_config_file)
 {
 	cr_assert_null(load(fixture("does-not-exist.json"), NULL, NULL, 0));
 	expect_error("does-not-exist.json: could not read config file: No such file");
+	teardown();
+	cr_assert_null(load("", NULL, NULL, 0));
+	expect_error("--config: got an empty path");
 }
 
 Test(config, lease_must_exceed_confirm_timeout)
@@ -307,6 +310,14 @@ Test(config, section_given_a_scalar)
 	expect_error("section_scalar.json:2); allowed: an object holding relay.* keys");
 	expect_error("amqp.tls.ca_file: got \"{...}\" (file ");
 	expect_error("section_scalar.json:4); allowed: a string");
+}
+
+Test(config, key_given_twice_in_file)
+{
+	cr_assert_null(load(fixture("twice.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("relay.batch_size: given twice (file ");
+	expect_error("twice.json:3 and line 2)");
 }
 
 Test(config, env_values_are_validated)
