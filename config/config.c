@@ -377,8 +377,8 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 			/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins
 			 * would be an accident of iteration order. */
 			if (strcmp(f.v[j].key, e->key) == 0) {
-				config_errors_add(errs, "%s: given twice (%s and line %d); allowed: "
-						  "one value per key", e->key, source,
+				config_errors_add(errs, "%s: given twice (%s and line %d); "
+						  "allowed: one value per key", e->key, source,
 						  f.v[j].line);
 				slots[idx].failed = true;
 				break;
