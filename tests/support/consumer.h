@@ -1,0 +1,69 @@
+/* consumer.h — a real AMQP consumer for the tests: its own thread and connection, a durable
+ * queue bound to an exchange, and a record of every delivery (duplicates included) that the
+ * test thread can query while messages are still arriving. It reconnects by itself when the
+ * broker restarts and acks only after recording, so nothing is lost on its side. */
+#ifndef OUTBOX_TESTS_CONSUMER_H
+#define OUTBOX_TESTS_CONSUMER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+/* One delivery, copied out of rabbitmq-c's buffers. Owned by the consumer; pointers stay
+ * valid until consumer_stop(). Strings are NUL-terminated copies (NULL when the property was
+ * absent); body may hold NUL bytes, use body_len. */
+struct consumer_msg {
+	char *message_id;
+	char *exchange;
+	char *routing_key;
+	char *body;
+	size_t body_len;
+	uint32_t flags;            /* AMQP_BASIC_*_FLAG bits that were present */
+	char *content_type;
+	char *content_encoding;
+	char *correlation_id;
+	char *reply_to;
+	char *expiration;
+	char *type;
+	char *app_id;
+	char *user_id;
+	char *cluster_id;
+	int delivery_mode;         /* 0 when absent */
+	int priority;              /* -1 when absent */
+	int64_t timestamp;         /* -1 when absent */
+	json_t *headers;           /* the field table as JSON; NULL when absent */
+	bool redelivered;
+};
+
+struct consumer;
+
+/* Connects to url, declares the durable queue `queue`, binds it to exchange with
+ * routing_key (exchange NULL or "" = default exchange, no binding) and starts consuming.
+ * When exchange_type is not NULL the exchange is declared first (durable). Returns once the
+ * queue is bound, so a publish made afterwards is routed to it; fails the test otherwise. */
+struct consumer *consumer_start(const char *url, const char *queue, const char *exchange,
+                                const char *exchange_type, const char *routing_key);
+/* Stops the thread, deletes the queue (and the exchange it declared), frees everything. */
+void consumer_stop(struct consumer *c);
+
+/* Waits until n distinct message ids arrived; false after timeout_ms. */
+bool consumer_wait_unique(struct consumer *c, size_t n, int64_t timeout_ms);
+size_t consumer_received(struct consumer *c);   /* deliveries, duplicates included */
+size_t consumer_unique(struct consumer *c);     /* distinct message ids */
+size_t consumer_duplicates(struct consumer *c); /* received - unique */
+size_t consumer_reconnects(struct consumer *c); /* connections made after the first */
+
+/* First delivery of id, or NULL. Borrowed (see struct consumer_msg). */
+const struct consumer_msg *consumer_find(struct consumer *c, const char *id);
+/* How many times id was delivered. */
+size_t consumer_count(struct consumer *c, const char *id);
+/* Ids of all deliveries in arrival order (duplicates repeat); new array of *n borrowed
+ * strings: free() the array only. */
+const char **consumer_order(struct consumer *c, size_t *n);
+/* Which of the n expected ids never arrived: new array (free()) of borrowed pointers into
+ * expected, count in *n_lost. */
+const char **consumer_lost(struct consumer *c, const char *const *expected, size_t n,
+                           size_t *n_lost);
+
+#endif

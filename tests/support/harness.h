@@ -1,0 +1,144 @@
+/* harness.h — helpers for the integration and fault tests: the test environment, unique
+ * names, PostgreSQL shortcuts, running the relay binary (daemon or one-shot command) with a
+ * clean environment, polling with deadlines and controlling the test servers. Every helper
+ * that cannot do its job fails the current criterion test (cr_assert_fail), so tests read as
+ * a list of steps without error plumbing. Not thread-safe unless said otherwise. */
+#ifndef OUTBOX_TESTS_HARNESS_H
+#define OUTBOX_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <libpq-fe.h>
+
+/* ---- environment (borrowed strings; fail the test when the variable is missing) ---- */
+const char *harness_pg_conninfo(void);  /* RELAY_TEST_PG */
+const char *harness_amqp_url(void);     /* RELAY_TEST_AMQP */
+const char *harness_relay_bin(void);    /* RELAY_TEST_BIN */
+const char *harness_require_env(const char *name);
+
+/* AMQP host and port parsed from RELAY_TEST_AMQP (for the TCP proxy). */
+int harness_amqp_port(void);
+
+/* ---- names ---- */
+/* Writes "<prefix>_<pid>_<counter>_<random>" in lowercase into buf: unique across processes
+ * and calls, and a valid SQL identifier / queue / exchange name when prefix is one. */
+void harness_unique_name(char *buf, size_t len, const char *prefix);
+
+/* ---- time ---- */
+int64_t harness_now_ms(void);   /* monotonic */
+void harness_sleep_ms(int64_t ms);
+
+/* Polls cond every 20 ms until it holds or timeout_ms passed; the caller asserts cond after. */
+#define HARNESS_WAIT(cond, timeout_ms)                                                       \
+	do {                                                                                 \
+		int64_t harness_deadline_ = harness_now_ms() + (timeout_ms);                 \
+		while (!(cond) && harness_now_ms() < harness_deadline_)                      \
+			harness_sleep_ms(20);                                                \
+	} while (0)
+
+/* Function form of HARNESS_WAIT; returns whether cond(arg) became true in time. */
+typedef bool (*harness_cond_fn)(void *arg);
+bool harness_wait_until(harness_cond_fn cond, void *arg, int64_t timeout_ms);
+
+/* ---- PostgreSQL ---- */
+/* New connection to RELAY_TEST_PG; the caller PQfinish()es it. */
+PGconn *harness_pg_connect(void);
+/* Same, retrying for up to timeout_ms (after a server restart). NULL when it never worked. */
+PGconn *harness_pg_connect_retry(int64_t timeout_ms);
+/* Runs printf-formatted SQL (one or more statements) and fails the test unless it worked. */
+void harness_pg_exec(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same without failing: 0 on success, -1 with the server's message in err. */
+int harness_pg_try_exec(PGconn *c, char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* First column of the first row as an integer; fails the test on error, no row or NULL. */
+int64_t harness_pg_int(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* First column of the first row; new string (free()), NULL for SQL NULL or no row. */
+char *harness_pg_string(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One outbox row for harness_insert_rows(). NULL fields take the table's defaults
+ * ('utf-8', 'application/json', '{}', '{}', no ordering key). */
+struct harness_row {
+	const char *id;
+	const char *exchange;
+	const char *routing_key;
+	const char *body;
+	const char *body_encoding;
+	const char *content_type;
+	const char *headers;
+	const char *properties;
+	const char *ordering_key;
+};
+
+/* Fills *row for row number i (0-based). Strings must stay valid until the next call; the
+ * fields start zeroed except exchange and routing_key, which hold insert_rows' defaults. */
+typedef void (*harness_row_fn)(size_t i, struct harness_row *row, void *arg);
+
+/* Inserts n rows into table with COPY in one transaction. gen may be NULL: then row i gets id
+ * "<id_prefix>-<i, 7 digits>" and a small JSON body. With gen, a NULL id also gets that id. */
+void harness_insert_rows(PGconn *c, const char *table, size_t n, const char *exchange,
+                         const char *routing_key, const char *id_prefix, harness_row_fn gen,
+                         void *arg);
+
+/* ---- the relay binary ---- */
+/* Runs `outbox-relay migrate` for table and fails the test unless it exits 0. */
+void harness_migrate(const char *table);
+
+/* A running relay process. */
+struct harness_relay {
+	pid_t pid;
+	bool exited;
+	int status;          /* as harness_relay_wait() returns it, once exited */
+	char log_path[512];  /* its stdout + stderr */
+	char table[128];
+};
+
+/* Starts `outbox-relay args...` (args NULL-terminated; NULL = just "run") with a clean
+ * environment: PATH, HOME, the sanitizer options, OUTBOX_DATABASE_URL, OUTBOX_AMQP_URL,
+ * OUTBOX_DATABASE_TABLE=table, OUTBOX_DATABASE_CHANNEL=table, OUTBOX_HTTP_LISTEN=,
+ * OUTBOX_LOG_LEVEL=info, then env (NULL-terminated "OUTBOX_X=y"; a name given there replaces
+ * the default). Output goes to a log file under ./relay-logs. Free with harness_relay_free. */
+struct harness_relay *harness_relay_start(const char *table, const char *const *env,
+                                          const char *const *args);
+/* Waits up to timeout_ms for the process to exit. Returns its exit code, 128 + signal when a
+ * signal killed it, or -1 when it is still running. */
+int harness_relay_wait(struct harness_relay *r, int64_t timeout_ms);
+/* Sends sig, then harness_relay_wait(). */
+int harness_relay_stop(struct harness_relay *r, int sig, int64_t timeout_ms);
+/* SIGKILL and reap. */
+void harness_relay_kill(struct harness_relay *r);
+/* Kills the process if still running, then frees r; accepts NULL. */
+void harness_relay_free(struct harness_relay *r);
+/* The whole log so far; new string (free()). */
+char *harness_relay_log(const struct harness_relay *r);
+/* Number of log lines containing needle. */
+int harness_relay_log_count(const struct harness_relay *r, const char *needle);
+/* Waits until some log line contains needle; false after timeout_ms. */
+bool harness_relay_wait_log(const struct harness_relay *r, const char *needle,
+                            int64_t timeout_ms);
+/* Prints the log's last lines through criterion's logger (call on failure paths). */
+void harness_relay_dump_log(const struct harness_relay *r);
+
+/* Output of a one-shot command. */
+struct harness_output {
+	int status;  /* exit code, 128 + signal, or -1 when it had to be killed after 60 s */
+	char *out;   /* stdout, NUL-terminated; never NULL */
+	char *err;   /* stderr, NUL-terminated; never NULL */
+};
+/* Runs `outbox-relay <args...>` (NULL-terminated varargs) to completion with the same
+ * environment as harness_relay_start() (table and env as there; table may be NULL, then no
+ * OUTBOX_DATABASE_TABLE/CHANNEL is set). Fills *o; free it with harness_output_free(). */
+void harness_cli(struct harness_output *o, const char *table, const char *const *env, ...);
+void harness_output_free(struct harness_output *o);
+
+/* ---- test servers (commands from tests/services.sh's env file) ---- */
+/* Runs a shell command line; returns its exit code (output goes to the test's log). */
+int harness_shell(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void harness_broker_stop_app(void);   /* rabbitmqctl stop_app: connections drop, node stays */
+void harness_broker_start_app(void);
+void harness_broker_node_stop(void);  /* the whole Erlang node exits */
+void harness_broker_node_start(void); /* starts it again and waits until it runs */
+void harness_pg_restart(void);        /* pg_ctl restart -m fast, waits until it accepts */
+
+#endif
