@@ -1,0 +1,340 @@
+/* Row -> AMQP mapping: every header JSON type into the field table (nested tables and arrays
+ * included), every property, and the exact one-line message of every invalid case. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "amqp/message_map.h"
+
+static amqp_pool_t pool;
+
+static void setup(void)
+{
+	init_amqp_pool(&pool, 4096);
+}
+
+static void teardown(void)
+{
+	empty_amqp_pool(&pool);
+}
+
+TestSuite(message_map, .init = setup, .fini = teardown);
+
+static struct broker_message row(const char *headers, const char *properties)
+{
+	struct broker_message m = {
+		.id = "id-1",
+		.exchange = "orders",
+		.routing_key = "order.created",
+		.body = "{\"a\":1}",
+		.body_len = 7,
+		.body_encoding = "utf-8",
+		.content_type = "application/json",
+		.headers_json = headers,
+		.properties_json = properties,
+		.timestamp_s = 1700000000,
+	};
+	return m;
+}
+
+/* Appends s to the NUL-terminated text in buf (n bytes). */
+static void append(char *buf, size_t n, const char *s)
+{
+	size_t len = strlen(buf);
+
+	snprintf(buf + len, n - len, "%s", s);
+}
+
+static bool bytes_is(amqp_bytes_t b, const char *s)
+{
+	return b.len == strlen(s) && (b.len == 0 || memcmp(b.bytes, s, b.len) == 0);
+}
+
+static const amqp_field_value_t *entry(const amqp_table_t *t, const char *key)
+{
+	for (int i = 0; i < t->num_entries; i++) {
+		if (bytes_is(t->entries[i].key, key))
+			return &t->entries[i].value;
+	}
+	cr_assert_fail("no header '%s'", key);
+	return NULL;
+}
+
+static void map_ok(const struct broker_message *m, amqp_basic_properties_t *p, amqp_bytes_t *b)
+{
+	char err[320] = "";
+
+	cr_assert_eq(message_map(m, &pool, p, b, err, sizeof(err)), MESSAGE_MAP_OK,
+	             "unexpected error: %s", err);
+}
+
+static void expect_invalid(const struct broker_message *m, const char *want)
+{
+	amqp_basic_properties_t p;
+	amqp_bytes_t b = {12345, NULL};
+	char err[320] = "";
+
+	memset(&p, 0xab, sizeof(p));
+	cr_assert_eq(message_map(m, &pool, &p, &b, err, sizeof(err)), MESSAGE_MAP_INVALID,
+	             "expected '%s'", want);
+	cr_assert_str_eq(err, want);
+	cr_assert_eq(b.len, 12345, "body written on failure");
+	cr_assert_eq(p._flags, (amqp_flags_t)0xabababab, "properties written on failure");
+}
+
+Test(message_map, defaults)
+{
+	struct broker_message m = row("{}", " { } ");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	map_ok(&m, &p, &b);
+	cr_assert(bytes_is(p.message_id, "id-1"));
+	cr_assert(bytes_is(p.content_type, "application/json"));
+	cr_assert_eq(p.delivery_mode, 2);
+	cr_assert_eq(p.timestamp, 1700000000);
+	cr_assert_eq(p._flags, AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+	                           AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG);
+	cr_assert(bytes_is(b, "{\"a\":1}"));
+}
+
+Test(message_map, every_header_type)
+{
+	struct broker_message m = row(
+		"{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,\"n\":null,"
+		"\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"four\":4}],"
+		"\"e\":[],\"z\":\"nul\\u0000byte\"}",
+		"{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+	const amqp_field_value_t *v;
+
+	map_ok(&m, &p, &b);
+	cr_assert(p._flags & AMQP_BASIC_HEADERS_FLAG);
+	cr_assert_eq(p.headers.num_entries, 10);
+	cr_assert(bytes_is(p.headers.entries[0].key, "s"), "insertion order kept");
+
+	v = entry(&p.headers, "s");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_UTF8);
+	cr_assert(bytes_is(v->value.bytes, "text"));
+	v = entry(&p.headers, "i");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_I64);
+	cr_assert_eq(v->value.i64, -9007199254740993LL);
+	v = entry(&p.headers, "r");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_F64);
+	cr_assert_float_eq(v->value.f64, 1.5, 1e-12);
+	v = entry(&p.headers, "t");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_BOOLEAN);
+	cr_assert(v->value.boolean);
+	v = entry(&p.headers, "f");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_BOOLEAN);
+	cr_assert_not(v->value.boolean);
+	v = entry(&p.headers, "n");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_VOID);
+
+	v = entry(&p.headers, "o");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_TABLE);
+	cr_assert_eq(v->value.table.num_entries, 2);
+	v = entry(&v->value.table, "inner");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_TABLE);
+	v = entry(&v->value.table, "deep");
+	cr_assert(bytes_is(v->value.bytes, "x"));
+
+	v = entry(&p.headers, "a");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_ARRAY);
+	cr_assert_eq(v->value.array.num_entries, 4);
+	cr_assert_eq(v->value.array.entries[0].kind, AMQP_FIELD_KIND_I64);
+	cr_assert_eq(v->value.array.entries[0].value.i64, 1);
+	cr_assert_eq(v->value.array.entries[1].kind, AMQP_FIELD_KIND_UTF8);
+	cr_assert(bytes_is(v->value.array.entries[1].value.bytes, "two"));
+	cr_assert_eq(v->value.array.entries[2].kind, AMQP_FIELD_KIND_ARRAY);
+	cr_assert_eq(v->value.array.entries[2].value.array.entries[0].value.i64, 3);
+	cr_assert_eq(v->value.array.entries[3].kind, AMQP_FIELD_KIND_TABLE);
+
+	v = entry(&p.headers, "e");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_ARRAY);
+	cr_assert_eq(v->value.array.num_entries, 0);
+	v = entry(&p.headers, "z");
+	cr_assert_eq(v->value.bytes.len, 8, "NUL bytes kept in a longstr");
+}
+
+Test(message_map, every_property)
+{
+	struct broker_message m = row(
+		"{}",
+		"{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
+		"\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
+		"\"content_encoding\":\"gzip\",\"delivery_mode\":1}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	map_ok(&m, &p, &b);
+	cr_assert(bytes_is(p.correlation_id, "c-1"));
+	cr_assert(p._flags & AMQP_BASIC_CORRELATION_ID_FLAG);
+	cr_assert(bytes_is(p.reply_to, "replies"));
+	cr_assert(p._flags & AMQP_BASIC_REPLY_TO_FLAG);
+	cr_assert(bytes_is(p.type, "order.created"));
+	cr_assert(p._flags & AMQP_BASIC_TYPE_FLAG);
+	cr_assert(bytes_is(p.app_id, "shop"));
+	cr_assert(p._flags & AMQP_BASIC_APP_ID_FLAG);
+	cr_assert(bytes_is(p.user_id, "guest"));
+	cr_assert(p._flags & AMQP_BASIC_USER_ID_FLAG);
+	cr_assert(bytes_is(p.expiration, "60000"));
+	cr_assert(p._flags & AMQP_BASIC_EXPIRATION_FLAG);
+	cr_assert_eq(p.priority, 7);
+	cr_assert(p._flags & AMQP_BASIC_PRIORITY_FLAG);
+	cr_assert(bytes_is(p.content_encoding, "gzip"));
+	cr_assert(p._flags & AMQP_BASIC_CONTENT_ENCODING_FLAG);
+	cr_assert_eq(p.delivery_mode, 1);
+	cr_assert_not(p._flags & AMQP_BASIC_HEADERS_FLAG);
+}
+
+Test(message_map, null_property_is_unset)
+{
+	struct broker_message m = row("{}", "{\"correlation_id\":null}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	map_ok(&m, &p, &b);
+	cr_assert_not(p._flags & AMQP_BASIC_CORRELATION_ID_FLAG);
+}
+
+Test(message_map, base64_body)
+{
+	struct broker_message m = row("{}", "{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	m.body = "AAEC/w==";
+	m.body_len = 8;
+	m.body_encoding = "base64";
+	map_ok(&m, &p, &b);
+	cr_assert_eq(b.len, 4);
+	cr_assert_eq(memcmp(b.bytes, "\x00\x01\x02\xff", 4), 0);
+}
+
+Test(message_map, invalid_body)
+{
+	struct broker_message m = row("{}", "{}");
+
+	m.body = "Zm9vYmFyYmF6*A==";
+	m.body_len = strlen(m.body);
+	m.body_encoding = "base64";
+	expect_invalid(&m, "body: invalid base64 at offset 12");
+	m.body_encoding = "x";
+	expect_invalid(&m, "body_encoding: unknown encoding 'x' (allowed: utf-8, base64)");
+	m.body_encoding = "UTF8";
+	expect_invalid(&m, "body_encoding: unknown encoding 'UTF8' (allowed: utf-8, base64)");
+}
+
+Test(message_map, invalid_headers)
+{
+	struct broker_message m = row("[1,2]", "{}");
+	char deep[512] = "{\"k\":";
+	char longkey[300] = "{\"";
+
+	expect_invalid(&m, "headers: not a JSON object");
+	m.headers_json = "\"text\"";
+	expect_invalid(&m, "headers: not a JSON object");
+	m.headers_json = "{\"a\" 1}";
+	expect_invalid(&m, "headers: invalid JSON at line 1 column 6: ':' expected near '1'");
+	m.headers_json = "";
+	expect_invalid(&m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
+	m.headers_json = "{\"a\":1,\"a\":2}";
+	expect_invalid(&m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
+
+	for (int i = 0; i < 17; i++)
+		append(deep, sizeof(deep), "[");
+	append(deep, sizeof(deep), "1");
+	for (int i = 0; i < 17; i++)
+		append(deep, sizeof(deep), "]");
+	append(deep, sizeof(deep), "}");
+	m.headers_json = deep;
+	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
+	                   "nested deeper than 16 levels");
+	m.headers_json = "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
+	                 "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":1}}}}}}}}}}}}}}}}}";
+	expect_invalid(&m, "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p': nested deeper than 16 levels");
+
+	memset(longkey + 2, 'k', 129);
+	append(longkey, sizeof(longkey), "\":1}");
+	m.headers_json = longkey;
+	expect_invalid(&m, "headers: key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk...': "
+	                   "longer than 128 bytes");
+}
+
+Test(message_map, header_key_of_128_bytes_is_fine)
+{
+	char key[200] = "{\"";
+	struct broker_message m = row(key, "{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	memset(key + 2, 'k', 128);
+	append(key, sizeof(key), "\":1}");
+	map_ok(&m, &p, &b);
+	cr_assert_eq(p.headers.entries[0].key.len, 128);
+}
+
+Test(message_map, invalid_properties)
+{
+	struct broker_message m = row("{}", "{\"foo\":1}");
+	char longstr[320] = "{\"app_id\":\"";
+
+	expect_invalid(&m, "properties: unknown property 'foo'");
+	m.properties_json = "{\"message_id\":\"x\"}";
+	expect_invalid(&m, "properties: unknown property 'message_id'");
+	m.properties_json = "[]";
+	expect_invalid(&m, "properties: not a JSON object");
+	m.properties_json = "{";
+	expect_invalid(&m, "properties: invalid JSON at line 1 column 1: string or '}' expected near end of file");
+	m.properties_json = "{\"priority\":12}";
+	expect_invalid(&m, "properties: priority must be an integer 0-9, got 12");
+	m.properties_json = "{\"priority\":-1}";
+	expect_invalid(&m, "properties: priority must be an integer 0-9, got -1");
+	m.properties_json = "{\"priority\":\"high\"}";
+	expect_invalid(&m, "properties: priority must be an integer 0-9, got \"high\"");
+	m.properties_json = "{\"priority\":1.5}";
+	expect_invalid(&m, "properties: priority must be an integer 0-9, got 1.5");
+	m.properties_json = "{\"expiration\":60000}";
+	expect_invalid(&m, "properties: expiration must be a string of digits");
+	m.properties_json = "{\"expiration\":\"-1\"}";
+	expect_invalid(&m, "properties: expiration must be a string of digits");
+	m.properties_json = "{\"expiration\":\"\"}";
+	expect_invalid(&m, "properties: expiration must be a string of digits");
+	m.properties_json = "{\"delivery_mode\":3}";
+	expect_invalid(&m, "properties: delivery_mode must be 1 or 2");
+	m.properties_json = "{\"delivery_mode\":\"2\"}";
+	expect_invalid(&m, "properties: delivery_mode must be 1 or 2");
+	m.properties_json = "{\"correlation_id\":5}";
+	expect_invalid(&m, "properties: correlation_id must be a string");
+
+	memset(longstr + 11, 'a', 256);
+	append(longstr, sizeof(longstr), "\"}");
+	m.properties_json = longstr;
+	expect_invalid(&m, "properties: app_id longer than 255 bytes");
+}
+
+Test(message_map, invalid_columns)
+{
+	char longname[300];
+	struct broker_message m = row("{}", "{}");
+
+	memset(longname, 'x', 256);
+	longname[256] = '\0';
+	m.routing_key = longname;
+	expect_invalid(&m, "routing_key: longer than 255 bytes");
+	m.routing_key = "rk";
+	m.exchange = longname;
+	expect_invalid(&m, "exchange_name: longer than 255 bytes");
+	m.exchange = "";
+	m.id = "";
+	expect_invalid(&m, "id: empty");
+}
+
+Test(message_map, quoted_names_stay_on_one_line)
+{
+	struct broker_message m = row("{}", "{\"a\\nb\":1}");
+
+	expect_invalid(&m, "properties: unknown property 'a?b'");
+}
