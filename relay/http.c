@@ -53,7 +53,8 @@ static int parse_listen(const char *listen, struct endpoint *ep, char *err, size
 	if (listen[0] == '[') {
 		const char *close = strchr(listen, ']');
 		if (close == NULL || close[1] != ':') {
-			snprintf(err, errlen, "bad listen address '%s': expected [ipv6]:port", listen);
+			snprintf(err, errlen, "bad listen address '%s': expected [ipv6]:port",
+			         listen);
 			return -1;
 		}
 		host = listen + 1;
@@ -63,9 +64,8 @@ static int parse_listen(const char *listen, struct endpoint *ep, char *err, size
 		colon = strrchr(listen, ':');
 		if (colon == NULL || strchr(listen, ':') != colon) {
 			/* Several colons without brackets is an IPv6 address we cannot split. */
-			snprintf(err, errlen,
-			         "bad listen address '%s': expected host:port, [ipv6]:port or :port",
-			         listen);
+			snprintf(err, errlen, "bad listen address '%s': expected host:port, "
+			         "[ipv6]:port or :port", listen);
 			return -1;
 		}
 		host = listen;
@@ -128,7 +128,8 @@ static int open_listener(const struct endpoint *ep, const char *listen, char *er
 		if (fd < 0 && (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL))
 			fd = listen_on((struct sockaddr *)&a4, sizeof(a4), false);
 		if (fd < 0)
-			snprintf(err, errlen, "could not listen on %s: %s", listen, strerror(errno));
+			snprintf(err, errlen, "could not listen on %s: %s", listen,
+			         strerror(errno));
 		return fd;
 	}
 
@@ -194,11 +195,12 @@ static enum MHD_Result healthz(struct MHD_Connection *conn, const struct http_se
 
 		if (tick == 0 || now - tick > h->stale_after_ms) {
 			if (tick == 0)
-				snprintf(body, sizeof(body), "worker %d stale: has not ticked yet\n", i);
+				snprintf(body, sizeof(body), "worker %d stale: has not ticked yet\n",
+				         i);
 			else
 				snprintf(body, sizeof(body),
-				         "worker %d stale: no tick for %lld ms (limit %lld ms)\n", i,
-				         (long long)(now - tick), (long long)h->stale_after_ms);
+				         "worker %d stale: no tick for %lld ms (limit %lld ms)\n",
+				         i, (long long)(now - tick), (long long)h->stale_after_ms);
 			return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, "text/plain");
 		}
 	}
@@ -231,7 +233,8 @@ static enum MHD_Result metrics(struct MHD_Connection *conn, const struct http_se
 	char *text = metrics_render(h->version);
 
 	if (text == NULL)
-		return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", "text/plain");
+		return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n",
+		               "text/plain");
 	/* MUST_FREE hands the malloc'd text to libmicrohttpd, which frees it after sending. */
 	r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
 	if (r == NULL) {

@@ -43,7 +43,8 @@ struct outbuf {
 	bool failed;
 };
 
-static void out_printf(struct outbuf *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out_printf(struct outbuf *o, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
 
 static void out_printf(struct outbuf *o, const char *fmt, ...)
 {
@@ -168,8 +169,8 @@ char *metrics_render(const char *version)
 	for (size_t i = 0; i < METRICS_FAIL_REASONS; i++)
 		out_printf(&o, "outbox_relay_failed_total{reason=\"%s\"} %llu\n", reasons[i],
 		           load_u(&m->failed[i]));
-	counter(&o, "outbox_relay_dead_total", "Rows that went dead (attempts exhausted or invalid).",
-	        &m->dead);
+	counter(&o, "outbox_relay_dead_total",
+	        "Rows that went dead (attempts exhausted or invalid).", &m->dead);
 	counter(&o, "outbox_relay_claimed_total", "Rows claimed under a lease.", &m->claimed);
 	counter(&o, "outbox_relay_released_total", "Leases released without publishing.",
 	        &m->released);

@@ -381,10 +381,9 @@ static bool relay_batch(struct worker *w)
 	bool ok = true;
 
 	if (grow(w, n) < 0) {
-		log_event(LOG_ERROR, w->component, "out of memory, releasing the batch", (char *)NULL);
-		for (size_t i = 0; i < n; i++)
-			w->released[i] = b->rows[i].id;
-		(void)store_release(w->store, w->released, n);
+		/* Nothing to release them with: the rows come back when their lease ends. */
+		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease",
+		          (char *)NULL);
 		return true;
 	}
 	for (size_t i = 0; i < n; i++) {

@@ -16,8 +16,8 @@ static void assert_jittered(int64_t min_ms, int64_t max_ms, int64_t attempts, in
 	for (int i = 0; i < 10000; i++) {
 		int64_t v = backoff_ms(min_ms, max_ms, attempts, &seed);
 
-		cr_assert_geq(v, base - base / 4, "attempts %lld: %lld below %lld", (long long)attempts,
-		              (long long)v, (long long)(base - base / 4));
+		cr_assert_geq(v, base - base / 4, "attempts %lld: %lld below %lld",
+		              (long long)attempts, (long long)v, (long long)(base - base / 4));
 		cr_assert_leq(v, top, "attempts %lld: %lld above %lld", (long long)attempts,
 		              (long long)v, (long long)top);
 		lo = v < lo ? v : lo;

@@ -192,7 +192,8 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 	log_event(LOG_WARN, "relay", "big", "a", big, "b", "x y", NULL);
 	out = capture_end();
 	cr_assert_leq(strlen(out), 8192);
-	cr_assert_not_null(strstr(out, "xxx... b=\"x y\"\n"), "got tail: %s", out + strlen(out) - 40);
+	cr_assert_not_null(strstr(out, "xxx... b=\"x y\"\n"), "got tail: %s",
+	                   out + strlen(out) - 40);
 	free(out);
 	free(big);
 	free(quotes);
