@@ -195,8 +195,8 @@ static enum MHD_Result healthz(struct MHD_Connection *conn, const struct http_se
 
 		if (tick == 0 || now - tick > h->stale_after_ms) {
 			if (tick == 0)
-				snprintf(body, sizeof(body), "worker %d stale: has not ticked yet\n",
-				         i);
+				snprintf(body, sizeof(body),
+				         "worker %d stale: has not ticked yet\n", i);
 			else
 				snprintf(body, sizeof(body),
 				         "worker %d stale: no tick for %lld ms (limit %lld ms)\n",
