@@ -250,17 +250,27 @@ Test(message_map, invalid_headers)
 		append(deep, sizeof(deep), "]");
 	append(deep, sizeof(deep), "}");
 	m.headers_json = deep;
-	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
+	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
 	                   "nested deeper than 16 levels");
 	m.headers_json = "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
-	                 "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":1}}}}}}}}}}}}}}}}}";
-	expect_invalid(&m, "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p': nested deeper than 16 levels");
+	                 "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
+	expect_invalid(&m, "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
 
 	memset(longkey + 2, 'k', 129);
 	append(longkey, sizeof(longkey), "\":1}");
 	m.headers_json = longkey;
 	expect_invalid(&m, "headers: key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk...': "
 	                   "longer than 128 bytes");
+}
+
+Test(message_map, sixteen_levels_of_nesting_are_fine)
+{
+	struct broker_message m = row("{\"k\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}", "{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	map_ok(&m, &p, &b);
+	cr_assert_eq(p.headers.entries[0].value.kind, AMQP_FIELD_KIND_ARRAY);
 }
 
 Test(message_map, header_key_of_128_bytes_is_fine)
