@@ -4,6 +4,7 @@
 #include "relay/log.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -14,13 +15,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A line never exceeds this, so a runaway error text cannot turn into an unbounded
- * allocation or a write that the kernel splits. */
-#define LOG_LINE_MAX 8192
+/* A line never exceeds PIPE_BUF (4096 on Linux): stderr is often a pipe (Docker, systemd), and
+ * only writes up to that size are atomic there, so a longer line could interleave with
+ * another thread's. */
+#define LOG_LINE_MAX PIPE_BUF
 /* Room kept back for what must close a line even when it is full: `..."` + `}` + `\n`. */
 #define LOG_TAIL 16
 /* A single value longer than this is cut and ends in "...". */
-#define LOG_VALUE_MAX 2048
+#define LOG_VALUE_MAX 1024
 
 /* Atomics although set once before threads start: a later log_setup (tests, reload) must not
  * be a data race for TSan. */
@@ -260,34 +262,49 @@ static void write_all(const char *buf, size_t n)
 	}
 }
 
+/* Writes ts, level, component and msg into l; the caller adds pairs and calls line_end(). */
+static bool line_begin(struct line *l, enum log_level level, const char *component,
+                       const char *msg)
+{
+	char ts[48];
+	bool json = atomic_load_explicit(&g_format, memory_order_relaxed) == LOG_FORMAT_JSON;
+
+	l->len = 0;
+	l->full = false;
+	format_ts(ts, sizeof(ts));
+	if (json) {
+		/* The first pair has no leading comma: write the opening brace and "ts" by hand. */
+		put_str(l, "{\"ts\":\"");
+		put_escaped(l, ts, true);
+		put_tail(l, "\"");
+	} else {
+		put_str(l, "ts=");
+		put_str(l, ts);
+	}
+	put_pair(l, "level", level_name(level), json, false);
+	put_pair(l, "component", component ? component : "relay", json, false);
+	/* msg is always quoted in text so that a one-word message reads like the others. */
+	put_pair(l, "msg", msg, json, true);
+	return json;
+}
+
+static void line_end(struct line *l, bool json)
+{
+	if (json)
+		put_tail(l, "}");
+	put_tail(l, "\n");
+	write_all(l->buf, l->len);
+}
+
 void log_event(enum log_level level, const char *component, const char *msg, ...)
 {
 	struct line l;
-	char ts[48];
 	bool json;
 	va_list ap;
 
 	if (!log_enabled(level))
 		return;
-	json = atomic_load_explicit(&g_format, memory_order_relaxed) == LOG_FORMAT_JSON;
-	l.len = 0;
-	l.full = false;
-	format_ts(ts, sizeof(ts));
-
-	if (json) {
-		/* The first pair has no leading comma: write the opening brace and "ts" by hand. */
-		put_str(&l, "{\"ts\":\"");
-		put_escaped(&l, ts, true);
-		put_tail(&l, "\"");
-	} else {
-		put_str(&l, "ts=");
-		put_str(&l, ts);
-	}
-	put_pair(&l, "level", level_name(level), json, false);
-	put_pair(&l, "component", component ? component : "relay", json, false);
-	/* msg is always quoted in text so that a one-word message reads like the others. */
-	put_pair(&l, "msg", msg, json, true);
-
+	json = line_begin(&l, level, component, msg);
 	va_start(ap, msg);
 	for (;;) {
 		const char *k = va_arg(ap, const char *);
@@ -299,9 +316,19 @@ void log_event(enum log_level level, const char *component, const char *msg, ...
 		put_pair(&l, k, v, json, false);
 	}
 	va_end(ap);
+	line_end(&l, json);
+}
 
-	if (json)
-		put_tail(&l, "}");
-	put_tail(&l, "\n");
-	write_all(l.buf, l.len);
+void log_event_kv(enum log_level level, const char *component, const char *msg,
+                  const char *const *kv, size_t npairs)
+{
+	struct line l;
+	bool json;
+
+	if (!log_enabled(level))
+		return;
+	json = line_begin(&l, level, component, msg);
+	for (size_t i = 0; i < npairs; i++)
+		put_pair(&l, kv[2 * i], kv[2 * i + 1], json, false);
+	line_end(&l, json);
 }

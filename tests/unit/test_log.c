@@ -2,6 +2,7 @@
  * truncation of huge values, the level filter. stderr is captured through a pipe. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -176,7 +177,7 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 	log_event(LOG_WARN, "relay", "big", "a", big, "b", quotes, "c", big, "d", "tail", NULL);
 	out = capture_end();
 
-	cr_assert_leq(strlen(out), 8192);
+	cr_assert_leq(strlen(out), 4096, "a line fits in PIPE_BUF");
 	cr_assert_eq(count_char(out, '\n'), 1);
 	o = json_loads(out, 0, &jerr);
 	cr_assert_not_null(o, "not JSON (%s)", jerr.text);
@@ -191,10 +192,89 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 	capture_start();
 	log_event(LOG_WARN, "relay", "big", "a", big, "b", "x y", NULL);
 	out = capture_end();
-	cr_assert_leq(strlen(out), 8192);
+	cr_assert_leq(strlen(out), 4096);
 	cr_assert_not_null(strstr(out, "xxx... b=\"x y\"\n"), "got tail: %s",
 	                   out + strlen(out) - 40);
 	free(out);
 	free(big);
 	free(quotes);
+}
+
+/* Writers on several threads with a reader draining the pipe: every line must arrive whole,
+ * because each is a single write(2) no longer than PIPE_BUF. */
+#define THREADS 4
+#define LINES_PER_THREAD 300
+
+struct drain {
+	int fd;
+	char *buf;
+	size_t len, cap;
+};
+
+static void *drain_pipe(void *arg)
+{
+	struct drain *d = arg;
+	ssize_t n;
+
+	while (d->len < d->cap && (n = read(d->fd, d->buf + d->len, d->cap - d->len)) > 0)
+		d->len += (size_t)n;
+	return NULL;
+}
+
+static void *write_lines(void *arg)
+{
+	char id[32];
+
+	for (int i = 0; i < LINES_PER_THREAD; i++) {
+		snprintf(id, sizeof(id), "t%d-%d", *(int *)arg, i);
+		log_event(LOG_INFO, "relay", "concurrent line", "id", id, "pad",
+		          "some text with spaces and \"quotes\" to make the line longer", NULL);
+	}
+	return NULL;
+}
+
+Test(log, concurrent_lines_never_interleave)
+{
+	pthread_t writers[THREADS], reader;
+	int ids[THREADS], fds[2], lines = 0;
+	struct drain d = { .cap = 4 * 1024 * 1024 };
+	char *line, *nl;
+
+	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	d.buf = malloc(d.cap + 1);
+	cr_assert_not_null(d.buf);
+	cr_assert_eq(pipe(fds), 0);
+	saved_stderr = dup(STDERR_FILENO);
+	dup2(fds[1], STDERR_FILENO);
+	close(fds[1]);
+	d.fd = fds[0];
+	cr_assert_eq(pthread_create(&reader, NULL, drain_pipe, &d), 0);
+	for (int i = 0; i < THREADS; i++) {
+		ids[i] = i;
+		cr_assert_eq(pthread_create(&writers[i], NULL, write_lines, &ids[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++)
+		pthread_join(writers[i], NULL);
+	/* Restoring stderr closes the last write end, so the reader sees end of file. */
+	dup2(saved_stderr, STDERR_FILENO);
+	close(saved_stderr);
+	pthread_join(reader, NULL);
+	close(fds[0]);
+	d.buf[d.len] = '\0';
+
+	for (line = d.buf; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+		json_error_t jerr;
+		json_t *o;
+
+		*nl = '\0';
+		o = json_loads(line, 0, &jerr);
+
+		cr_assert_not_null(o, "torn line (%s): %s", jerr.text, line);
+		cr_assert_str_eq(json_string_value(json_object_get(o, "msg")), "concurrent line");
+		json_decref(o);
+		lines++;
+	}
+	cr_assert_str_eq(line, "", "output ends with a newline");
+	cr_assert_eq(lines, THREADS * LINES_PER_THREAD);
+	free(d.buf);
 }
