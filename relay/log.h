@@ -4,6 +4,7 @@
 #define OUTBOX_RELAY_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON };
@@ -21,5 +22,9 @@ bool log_enabled(enum log_level level);
  * Never pass message bodies or secrets. */
 void log_event(enum log_level level, const char *component, const char *msg, ...)
 	__attribute__((sentinel));
+
+/* The same with the pairs in an array: kv[2i] is a key, kv[2i+1] its value (borrowed). */
+void log_event_kv(enum log_level level, const char *component, const char *msg,
+                  const char *const *kv, size_t npairs);
 
 #endif

@@ -56,15 +56,22 @@ static int install_signals(void)
 
 static void log_config(const struct config *cfg)
 {
-	/* The effective configuration, secrets redacted: the first thing an operator reads when
-	 * asking "what is it running with?". */
-	for (size_t i = 0; i < config_key_count(); i++) {
-		char val[512];
+	/* The effective configuration on one line, secrets redacted: the first thing an operator
+	 * reads when asking "what is it running with?". */
+	size_t n = config_key_count();
+	const char **kv = calloc(2 * n, sizeof(*kv));
+	char *vals = calloc(n, 256);
 
-		config_value_text(cfg, i, val, sizeof(val));
-		log_event(LOG_INFO, "config", "setting", "key", config_key_name(i), "value", val,
-		          "source", cfg->sources ? cfg->sources[i] : NULL, (char *)NULL);
+	if (kv && vals) {
+		for (size_t i = 0; i < n; i++) {
+			config_value_text(cfg, i, vals + i * 256, 256);
+			kv[2 * i] = config_key_name(i);
+			kv[2 * i + 1] = vals + i * 256;
+		}
+		log_event_kv(LOG_INFO, "config", "effective configuration", kv, n);
 	}
+	free(kv);
+	free(vals);
 }
 
 static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
