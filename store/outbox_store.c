@@ -560,6 +560,14 @@ out:
 	return rc;
 }
 
+/* Only relay/ logs: the server's notices (migrate's "already exists, skipping") must not
+ * reach stderr through libpq's default processor. */
+static void ignore_notice(void *arg, const char *message)
+{
+	(void)arg;
+	(void)message;
+}
+
 int store_connect(struct store *s)
 {
 	/* Ours first, the user's string (dbname, expanded) last: libpq keeps the last value of
@@ -592,6 +600,7 @@ int store_connect(struct store *s)
 		rc = STORE_ERR_CONN;
 		goto out;
 	}
+	PQsetNoticeProcessor(s->conn, ignore_notice, NULL);
 	if (s->opts.admin) {
 		rc = 0;
 		goto out;
@@ -720,7 +729,8 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 	out->buf_len = used;
 	out->n = (size_t)nt;
 	/* RETURNING comes in no particular order; publishing must go oldest first. */
-	qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
+	if (out->n > 1)
+		qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
 	return 0;
 nomem:
 	store_set_error(s, "out of memory");

@@ -1,0 +1,806 @@
+/* The store against a real PostgreSQL (RELAY_TEST_PG): schema and migrate, the claim (order,
+ * leases, concurrency, ordering keys, snapshot xmin), marks, release, wake-up, the operator
+ * queries and the claim plan on a large backlog. Each test uses its own table. */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <libpq-fe.h>
+
+#include "store/outbox.h"
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+
+static char g_table[64];
+static PGconn *g_admin; /* the test's own connection for setup and checks */
+
+static const char *pg_conninfo(void)
+{
+	const char *c = getenv("RELAY_TEST_PG");
+	cr_assert(c && c[0], "RELAY_TEST_PG is not set");
+	return c;
+}
+
+static PGconn *connect_pg(void)
+{
+	PGconn *c = PQconnectdb(pg_conninfo());
+	cr_assert(PQstatus(c) == CONNECTION_OK, "cannot connect to RELAY_TEST_PG: %s",
+	          PQerrorMessage(c));
+	PQclear(PQexec(c, "SET client_min_messages = warning"));
+	return c;
+}
+
+static void sql(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sql(PGconn *c, const char *fmt, ...)
+{
+	char q[2048];
+	va_list ap;
+	PGresult *r;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	r = PQexec(c, q);
+	cr_assert(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK,
+	          "%s: %s", q, PQresultErrorMessage(r));
+	PQclear(r);
+}
+
+/* The first value of a query, as a long long. */
+static long long sql_int(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static long long sql_int(PGconn *c, const char *fmt, ...)
+{
+	char q[2048];
+	va_list ap;
+	PGresult *r;
+	long long v;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	r = PQexec(c, q);
+	cr_assert(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1, "%s: %s", q,
+	          PQresultErrorMessage(r));
+	v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+static void drop_table(void)
+{
+	if (!g_admin || !g_table[0])
+		return;
+	PQclear(PQexec(g_admin, "SET client_min_messages = warning"));
+	char q[512];
+	snprintf(q, sizeof(q),
+	         "DROP TABLE IF EXISTS %s, %s_wakeup; DROP FUNCTION IF EXISTS %s_wakeup_notify()",
+	         g_table, g_table, g_table);
+	PQclear(PQexec(g_admin, q));
+}
+
+static void setup(void)
+{
+	g_admin = connect_pg();
+}
+
+static void teardown(void)
+{
+	drop_table();
+	PQfinish(g_admin);
+	g_admin = NULL;
+}
+
+TestSuite(store, .init = setup, .fini = teardown, .timeout = 120);
+
+static void name_table(const char *tag)
+{
+	snprintf(g_table, sizeof(g_table), "st_%s_%d", tag, (int)getpid());
+	drop_table();
+}
+
+static struct store_options opts_for(const char *relay, bool admin)
+{
+	struct store_options o = {
+		.conninfo = pg_conninfo(),
+		.table = g_table,
+		.channel = g_table,
+		.relay_id = relay,
+		.application_name = "outbox-relay test",
+		.lease_ms = 60000,
+		.max_attempts = 3,
+		.skip_dead = false,
+		.batch_size = 100,
+		.admin = admin,
+	};
+	return o;
+}
+
+/* A connected store; the options live in a static slot per handle so they outlive it. */
+static struct store_options g_opts[8];
+static int g_nopts;
+
+static struct store *open_store(struct store_options o)
+{
+	cr_assert(g_nopts < 8);
+	g_opts[g_nopts] = o;
+	struct store *s = store_new(&g_opts[g_nopts++]);
+	cr_assert_not_null(s);
+	int rc = store_connect(s);
+	cr_assert_eq(rc, 0, "store_connect: %d %s", rc, store_errmsg(s));
+	return s;
+}
+
+static struct store *migrated(const char *tag)
+{
+	name_table(tag);
+	struct store *a = open_store(opts_for("admin", true));
+	int rc = store_migrate(a);
+	cr_assert_eq(rc, 0, "migrate: %s", store_errmsg(a));
+	return a;
+}
+
+static void add(const char *id, const char *key, int64_t delay_ms)
+{
+	struct outbox_message m = {
+		.id = id, .exchange = "ex", .routing_key = "rk", .body = "{}", .body_len = 2,
+		.ordering_key = key, .delay_ms = delay_ms,
+	};
+	char err[256];
+	int rc = outbox_add(g_admin, g_table, &m, err, sizeof(err));
+	cr_assert_eq(rc, OUTBOX_ADDED, "outbox_add %s: %s", id, err);
+}
+
+/* Claims once and returns the ids as "a,b,c" (static buffer). */
+static const char *claim_str(struct store *s, bool disarm)
+{
+	static char out[4096];
+	struct store_batch b;
+	size_t len = 0;
+
+	store_batch_init(&b);
+	int rc = store_claim(s, disarm, &b);
+	cr_assert_eq(rc, 0, "claim: %s", store_errmsg(s));
+	out[0] = '\0';
+	for (size_t i = 0; i < b.n; i++) {
+		if (i > 0)
+			cr_assert_gt(b.rows[i].seq, b.rows[i - 1].seq, "rows not in seq order");
+		len += (size_t)snprintf(out + len, sizeof(out) - len, "%s%s", i ? "," : "",
+		                        b.rows[i].id);
+	}
+	store_batch_free(&b);
+	return out;
+}
+
+/* Keyed rows wait for every older transaction in the cluster to end; other work on the same
+ * server may hold one open for a moment, so wait until our rows are past the xmin. */
+static void wait_rows_settled(void)
+{
+	for (int i = 0; i < 200; i++) {
+		if (sql_int(g_admin,
+		            "SELECT (COALESCE(max(txid), '0'::xid8) < "
+		            "pg_snapshot_xmin(pg_current_snapshot()))::int FROM %s",
+		            g_table) == 1)
+			return;
+		usleep(50 * 1000);
+	}
+	cr_assert_fail("another transaction kept the snapshot xmin back for 10 s");
+}
+
+Test(store, schema_applies_twice_and_refuses_bad_names)
+{
+	name_table("schema");
+	char *ddl = store_schema_sql(g_table, "chan");
+	cr_assert_not_null(ddl);
+	sql(g_admin, "SET client_min_messages = warning");
+	for (int i = 0; i < 2; i++) {
+		PGresult *r = PQexec(g_admin, ddl);
+		cr_assert_eq(PQresultStatus(r), PGRES_COMMAND_OK, "apply %d: %s", i,
+		             PQresultErrorMessage(r));
+		PQclear(r);
+	}
+	free(ddl);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup", g_table), 1);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
+	             4, "pkey, seq unique, pending and key indexes, nothing twice");
+
+	cr_assert_null(store_schema_sql("bad name", "c"));
+	cr_assert_null(store_schema_sql("x; DROP TABLE y", "c"));
+	cr_assert_null(store_schema_sql("a.b.c", "c"));
+	cr_assert_null(store_schema_sql("outbox", "bad'chan"));
+	ddl = store_schema_sql("app.outbox", "c");
+	cr_assert_not_null(ddl);
+	cr_assert(strstr(ddl, "app.outbox_wakeup"), "derived objects in the table's schema");
+	free(ddl);
+}
+
+Test(store, relay_connect_says_migrate_when_table_missing)
+{
+	name_table("missing");
+	struct store_options o = opts_for("r1", false);
+	struct store *s = store_new(&o);
+	cr_assert_not_null(s);
+	cr_assert_eq(store_connect(s), STORE_ERR_FATAL);
+	cr_assert(strstr(store_errmsg(s), "run 'outbox-relay migrate'"), "%s", store_errmsg(s));
+	cr_assert_null(strchr(store_errmsg(s), '\n'));
+	store_free(s);
+
+	o.conninfo = "host=127.0.0.1 port=1 connect_timeout=2";
+	s = store_new(&o);
+	cr_assert_eq(store_connect(s), STORE_ERR_CONN);
+	cr_assert_not(store_connected(s));
+	cr_assert_eq(store_socket(s), -1);
+	store_free(s);
+}
+
+Test(store, migrate_upgrades_acemq_table)
+{
+	name_table("acemq");
+	sql(g_admin,
+	    "CREATE TABLE %s (id VARCHAR(64) NOT NULL PRIMARY KEY,"
+	    " exchange_name VARCHAR(255) NOT NULL, routing_key VARCHAR(255) NOT NULL,"
+	    " body TEXT NOT NULL, body_encoding VARCHAR(16) NOT NULL DEFAULT 'utf-8',"
+	    " content_type VARCHAR(255) NOT NULL DEFAULT 'application/json',"
+	    " headers TEXT NOT NULL DEFAULT '{}', created_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
+	    " published_at TIMESTAMPTZ, attempts INTEGER NOT NULL DEFAULT 0,"
+	    " last_error VARCHAR(1000), locked_by VARCHAR(64), locked_until TIMESTAMPTZ)",
+	    g_table);
+	sql(g_admin,
+	    "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES"
+	    " ('old1', 'ex', 'rk', 'a'), ('old2', 'ex', 'rk', 'b'), ('old3', 'ex', 'rk', 'c')",
+	    g_table);
+	sql(g_admin,
+	    "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
+	    " VALUES ('done', 'ex', 'rk', 'd', now())",
+	    g_table);
+
+	struct store_options o = opts_for("r1", false);
+	struct store *s = store_new(&o);
+	cr_assert_eq(store_connect(s), STORE_ERR_FATAL, "old table lacks columns");
+	cr_assert(strstr(store_errmsg(s), "seq"), "%s", store_errmsg(s));
+	cr_assert(strstr(store_errmsg(s), "migrate"), "%s", store_errmsg(s));
+	store_free(s);
+
+	struct store *a = open_store(opts_for("admin", true));
+	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
+	cr_assert_eq(store_migrate(a), 0, "second migrate: %s", store_errmsg(a));
+	struct store *r = open_store(opts_for("r1", false));
+	cr_assert_str_eq(claim_str(r, false), "old1,old2,old3");
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, claim_in_seq_order_and_writes_lease)
+{
+	struct store *a = migrated("order");
+	for (int i = 0; i < 5; i++) {
+		char id[16];
+		snprintf(id, sizeof(id), "m%d", i);
+		add(id, NULL, 0);
+	}
+	struct store_options o = opts_for("relay-1", false);
+	o.batch_size = 3;
+	struct store *r = open_store(o);
+
+	struct store_batch b;
+	store_batch_init(&b);
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 3);
+	cr_assert_str_eq(b.rows[0].id, "m0");
+	cr_assert_str_eq(b.rows[2].id, "m2");
+	cr_assert_str_eq(b.rows[0].exchange, "ex");
+	cr_assert_str_eq(b.rows[0].routing_key, "rk");
+	cr_assert_str_eq(b.rows[0].body, "{}");
+	cr_assert_eq(b.rows[0].body_len, 2);
+	cr_assert_str_eq(b.rows[0].body_encoding, "utf-8");
+	cr_assert_str_eq(b.rows[0].content_type, "application/json");
+	cr_assert_str_eq(b.rows[0].headers, "{}");
+	cr_assert_str_eq(b.rows[0].properties, "{}");
+	cr_assert_null(b.rows[0].ordering_key);
+	cr_assert_eq(b.rows[0].attempts, 0);
+	cr_assert_gt(b.rows[0].created_at_s, (int64_t)time(NULL) - 600);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'"
+	                     " AND locked_until > now() + interval '50 seconds'",
+	                     g_table),
+	             3);
+	/* The batch is reused: the second claim replaces the first. */
+	cr_assert_eq(store_claim(r, false, &b), 0);
+	cr_assert_eq(b.n, 2);
+	cr_assert_str_eq(b.rows[0].id, "m3");
+	cr_assert_str_eq(b.rows[1].id, "m4");
+	cr_assert_eq(store_claim(r, false, &b), 0);
+	cr_assert_eq(b.n, 0);
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, concurrent_claims_never_share_a_row)
+{
+	struct store *a = migrated("conc");
+	enum { N = 3000 };
+	sql(g_admin,
+	    "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	    " SELECT 'c' || g, 'ex', 'rk', 'b', CASE WHEN g %% 3 = 0 THEN 'k' || (g %% 7) END"
+	    " FROM generate_series(0, %d) g",
+	    g_table, N - 1);
+	wait_rows_settled();
+	struct store_options o1 = opts_for("relay-1", false), o2 = opts_for("relay-2", false);
+	o1.batch_size = o2.batch_size = 97;
+	struct store *r1 = open_store(o1), *r2 = open_store(o2);
+	static unsigned char seen[N];
+	struct store_batch b1, b2;
+	store_batch_init(&b1);
+	store_batch_init(&b2);
+	int total = 0, idle = 0;
+
+	while (idle < 3) {
+		/* Both statements run on the server at the same time. */
+		cr_assert_eq(store_claim_send(r1, false), 0, "%s", store_errmsg(r1));
+		cr_assert_eq(store_claim_send(r2, false), 0, "%s", store_errmsg(r2));
+		cr_assert_eq(store_claim_recv(r1, &b1), 0, "%s", store_errmsg(r1));
+		cr_assert_eq(store_claim_recv(r2, &b2), 0, "%s", store_errmsg(r2));
+		idle = (b1.n + b2.n == 0) ? idle + 1 : 0;
+		struct store_batch *bs[2] = { &b1, &b2 };
+		struct store *rs[2] = { r1, r2 };
+		for (int k = 0; k < 2; k++) {
+			const char *ids[97];
+			for (size_t i = 0; i < bs[k]->n; i++) {
+				int n = (int)strtol(bs[k]->rows[i].id + 1, NULL, 10);
+				cr_assert(n >= 0 && n < N);
+				cr_assert_eq(seen[n], 0, "row %s claimed twice", bs[k]->rows[i].id);
+				seen[n] = 1;
+				ids[i] = bs[k]->rows[i].id;
+				total++;
+			}
+			/* Publishing makes the next row of each key claimable. */
+			cr_assert_eq(store_mark_published(rs[k], ids, bs[k]->n, false), 0);
+		}
+	}
+	cr_assert_eq(total, N);
+	store_batch_free(&b1);
+	store_batch_free(&b2);
+	store_free(r1);
+	store_free(r2);
+	store_free(a);
+}
+
+Test(store, expired_lease_makes_rows_claimable)
+{
+	struct store *a = migrated("lease");
+	add("l1", NULL, 0);
+	add("l2", NULL, 0);
+	struct store_options o1 = opts_for("relay-1", false);
+	o1.lease_ms = 300;
+	struct store *r1 = open_store(o1);
+	struct store *r2 = open_store(opts_for("relay-2", false));
+	cr_assert_str_eq(claim_str(r1, false), "l1,l2");
+	cr_assert_str_eq(claim_str(r2, false), "", "leased rows are not claimable");
+	usleep(500 * 1000);
+	cr_assert_str_eq(claim_str(r2, false), "l1,l2", "lease ran out");
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-2'",
+	                     g_table),
+	             2);
+	store_free(r1);
+	store_free(r2);
+	store_free(a);
+}
+
+Test(store, mark_published_and_delete)
+{
+	struct store *a = migrated("mark");
+	add("p1", NULL, 0);
+	add("p2", NULL, 0);
+	add("p\"3\\", NULL, 0);
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert_str_eq(claim_str(r, false), "p1,p2,p\"3\\");
+	const char *ids[] = { "p1", "p\"3\\" };
+	cr_assert_eq(store_mark_published(r, ids, 2, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE published_at IS NOT NULL"
+	                     " AND locked_by IS NULL AND locked_until IS NULL",
+	                     g_table),
+	             2, "quotes and backslashes in ids survive the array literal");
+	long long before =
+		sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table);
+	cr_assert_eq(store_mark_published(r, ids, 1, false), 0);
+	cr_assert_eq(sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table),
+	             before, "an already published row is left alone");
+	cr_assert_eq(store_mark_published(r, ids, 0, false), 0, "empty mark is a no-op");
+
+	const char *del[] = { "p2" };
+	cr_assert_eq(store_mark_published_send(r, del, 1, true), 0);
+	cr_assert_eq(store_mark_published_recv(r), 0, "%s", store_errmsg(r));
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE id = 'p2'", g_table), 0);
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, mark_failed_is_fenced_and_records_the_failure)
+{
+	struct store *a = migrated("fail");
+	add("f1", NULL, 0);
+	add("f2", NULL, 0);
+	add("f3", NULL, 0);
+	struct store *r1 = open_store(opts_for("relay-1", false));
+	struct store *r2 = open_store(opts_for("relay-2", false));
+	cr_assert_str_eq(claim_str(r1, false), "f1,f2,f3");
+
+	/* 1500 characters of two bytes each: cut at 1000 characters, not bytes. */
+	static char longerr[3100];
+	for (int i = 0; i < 1500; i++)
+		memcpy(longerr + 2 * i, "\xc3\xa9", 2);
+	longerr[3000] = '\0';
+	struct store_failure f[] = {
+		{ .id = "f1", .error = longerr, .delay_ms = 60000, .dead = false },
+		{ .id = "f2", .error = "bad \"json\"\xff", .delay_ms = 0, .dead = true },
+	};
+	size_t changed = 99;
+	cr_assert_eq(store_mark_failed(r2, f, 2, &changed), 0, "%s", store_errmsg(r2));
+	cr_assert_eq(changed, 0, "another relay cannot touch rows it does not hold");
+	cr_assert_eq(store_mark_failed(r1, f, 2, &changed), 0, "%s", store_errmsg(r1));
+	cr_assert_eq(changed, 2);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'f1' AND attempts = 1"
+	                     " AND char_length(last_error) = 1000 AND locked_by IS NULL"
+	                     " AND locked_until IS NULL"
+	                     " AND available_at > now() + interval '50 seconds'",
+	                     g_table),
+	             1);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'f2' AND attempts = 3"
+	                     " AND last_error = 'bad \"json\"?' AND locked_by IS NULL",
+	                     g_table),
+	             1, "dead: attempts = max_attempts, invalid UTF-8 replaced");
+	/* f1 waits in backoff, f2 is dead, f3 still leased: nothing to claim. */
+	cr_assert_str_eq(claim_str(r2, false), "");
+	store_free(r1);
+	store_free(r2);
+	store_free(a);
+}
+
+Test(store, release_is_fenced_and_keeps_attempts)
+{
+	struct store *a = migrated("release");
+	add("r1", NULL, 0);
+	add("r2", NULL, 0);
+	add("r3", NULL, 0);
+	sql(g_admin, "UPDATE %s SET attempts = 2 WHERE id = 'r1'", g_table);
+	struct store *x = open_store(opts_for("relay-1", false));
+	struct store *y = open_store(opts_for("relay-2", false));
+	cr_assert_str_eq(claim_str(x, false), "r1,r2,r3");
+	const char *ids[] = { "r1" };
+	cr_assert_eq(store_release(y, ids, 1), 0);
+	cr_assert_eq(store_release(y, NULL, 0), 0);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'",
+	                     g_table),
+	             3, "another relay id releases nothing");
+	cr_assert_eq(store_release(x, ids, 1), 0, "%s", store_errmsg(x));
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'r1' AND locked_by IS NULL"
+	                     " AND locked_until IS NULL AND attempts = 2",
+	                     g_table),
+	             1);
+	cr_assert_eq(store_release(x, NULL, 0), 0, "%s", store_errmsg(x));
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL",
+	                     g_table),
+	             0);
+	cr_assert_str_eq(claim_str(y, false), "r1,r2,r3");
+	store_free(x);
+	store_free(y);
+	store_free(a);
+}
+
+Test(store, ordering_keys_head_only_and_failed_head_blocks_its_key)
+{
+	struct store *a = migrated("keys");
+	add("a1", "A", 0);
+	add("a2", "A", 0);
+	add("b1", "B", 0);
+	add("u1", NULL, 0);
+	add("b2", "B", 0);
+	wait_rows_settled();
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert_str_eq(claim_str(r, false), "a1,b1,u1", "only the head of each key");
+	cr_assert_str_eq(claim_str(r, false), "", "a key's next row waits while its head is leased");
+
+	const char *pa[] = { "a1" };
+	cr_assert_eq(store_mark_published(r, pa, 1, false), 0);
+	cr_assert_str_eq(claim_str(r, false), "a2", "next row after the head is published");
+
+	struct store_failure f = { .id = "b1", .error = "nack", .delay_ms = 60000 };
+	size_t changed = 0;
+	cr_assert_eq(store_mark_failed(r, &f, 1, &changed), 0);
+	cr_assert_eq(changed, 1);
+	add("c1", "C", 0);
+	add("u2", NULL, 0);
+	wait_rows_settled();
+	cr_assert_str_eq(claim_str(r, false), "c1,u2",
+	                 "a failed head blocks its key through backoff, not other keys");
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, dead_head_blocks_under_strict_not_under_skip_dead)
+{
+	struct store *a = migrated("dead");
+	add("d1", "K", 0);
+	add("d2", "K", 0);
+	sql(g_admin, "UPDATE %s SET attempts = 3 WHERE id = 'd1'", g_table);
+	wait_rows_settled();
+	struct store *strict = open_store(opts_for("relay-1", false));
+	cr_assert_str_eq(claim_str(strict, false), "", "strict: a dead head blocks its key");
+	struct store_options o = opts_for("relay-2", false);
+	o.skip_dead = true;
+	struct store *skip = open_store(o);
+	cr_assert_str_eq(claim_str(skip, false), "d2", "skip-dead: the key moves on");
+	store_free(strict);
+	store_free(skip);
+	store_free(a);
+}
+
+Test(store, keyed_rows_wait_for_open_and_older_transactions)
+{
+	struct store *a = migrated("xmin");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *older = connect_pg(), *newer = connect_pg();
+	char err[256];
+	struct outbox_message m = { .id = "open1", .exchange = "ex", .routing_key = "rk",
+		                    .body = "x", .body_len = 1, .ordering_key = "K" };
+
+	/* A row of a transaction still open is invisible. */
+	sql(newer, "BEGIN");
+	cr_assert_eq(outbox_add(newer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	cr_assert_str_eq(claim_str(r, false), "");
+	sql(newer, "COMMIT");
+	wait_rows_settled();
+	cr_assert_str_eq(claim_str(r, false), "open1");
+
+	/* An older transaction that has written something is still open: a keyed row that a
+	 * newer transaction committed waits for it (the older one could still add an earlier
+	 * row of the key); unkeyed rows do not wait. */
+	sql(older, "BEGIN");
+	sql(older, "SELECT pg_current_xact_id()");
+	m.id = "late1";
+	m.ordering_key = "L";
+	cr_assert_eq(outbox_add(newer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	m.id = "free1";
+	m.ordering_key = NULL;
+	cr_assert_eq(outbox_add(newer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	cr_assert_str_eq(claim_str(r, false), "free1");
+	usleep(200 * 1000);
+	cr_assert_str_eq(claim_str(r, false), "", "held back while the older transaction runs");
+	sql(older, "COMMIT");
+	wait_rows_settled();
+	cr_assert_str_eq(claim_str(r, false), "late1");
+	PQfinish(older);
+	PQfinish(newer);
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, delayed_rows_are_not_claimed_yet)
+{
+	struct store *a = migrated("delay");
+	add("later", NULL, 60000);
+	add("now", NULL, 0);
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert_str_eq(claim_str(r, false), "now");
+	sql(g_admin, "UPDATE %s SET available_at = now() - interval '1 second'", g_table);
+	cr_assert_str_eq(claim_str(r, false), "later");
+	store_free(r);
+	store_free(a);
+}
+
+/* Waits up to ms for input on the store's socket, then drains it. */
+static bool woken_within(struct store *s, int ms)
+{
+	bool woken = false;
+	int waited = 0;
+
+	while (!woken && waited <= ms) {
+		struct pollfd p = { .fd = store_socket(s), .events = POLLIN };
+		cr_assert_geq(p.fd, 0);
+		poll(&p, 1, 50);
+		waited += 50;
+		cr_assert_eq(store_consume_input(s, &woken), 0, "%s", store_errmsg(s));
+	}
+	return woken;
+}
+
+Test(store, armed_flag_notifies_and_disarmed_does_not)
+{
+	struct store *a = migrated("wake");
+	struct store *r = open_store(opts_for("relay-1", false));
+
+	add("w0", NULL, 0);
+	cr_assert_not(woken_within(r, 300), "not armed: a commit does not notify");
+	cr_assert_eq(store_arm(r, 5000), 0, "%s", store_errmsg(r));
+	add("w1", NULL, 0);
+	cr_assert(woken_within(r, 3000), "armed: the producer's commit notifies");
+
+	/* The claim after a wake disarms in the same statement. */
+	cr_assert_str_eq(claim_str(r, true), "w0,w1");
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup WHERE armed_until IS NULL",
+	                     g_table),
+	             1);
+	add("w2", NULL, 0);
+	cr_assert_not(woken_within(r, 300), "disarmed: no notification");
+
+	/* An arm that expired counts as disarmed. */
+	cr_assert_eq(store_arm(r, 1), 0);
+	usleep(50 * 1000);
+	add("w3", NULL, 0);
+	cr_assert_not(woken_within(r, 300), "expired flag: no notification");
+	store_free(r);
+	store_free(a);
+}
+
+Test(store, status_counts_and_blocked_keys)
+{
+	struct store *a = migrated("status");
+	add("s1", NULL, 0);
+	add("s2", NULL, 0);
+	add("s3", "K", 0);
+	add("s4", "K", 0);
+	add("s5", NULL, 0);
+	add("s6", NULL, 0);
+	sql(g_admin, "UPDATE %s SET attempts = 3, last_error = 'boom' WHERE id = 's3'", g_table);
+	sql(g_admin, "UPDATE %s SET published_at = now() WHERE id = 's5'", g_table);
+	sql(g_admin,
+	    "UPDATE %s SET locked_by = 'x', locked_until = now() + interval '1 minute',"
+	    " created_at = now() - interval '100 seconds' WHERE id = 's1'",
+	    g_table);
+
+	struct store_status st;
+	cr_assert_eq(store_status(a, &st), 0, "%s", store_errmsg(a));
+	cr_assert_eq(st.pending, 4, "s1 s2 s4 s6 (leased included)");
+	cr_assert_eq(st.leased, 1);
+	cr_assert_eq(st.dead, 1);
+	cr_assert_eq(st.published, 1);
+	cr_assert_geq(st.oldest_pending_age_s, 99.0);
+	cr_assert_eq(st.blocked_keys, 1);
+	cr_assert_str_eq(st.oldest_blocked_key, "K");
+
+	struct store_list l;
+	cr_assert_eq(store_blocked_keys(a, 0, &l), 0, "%s", store_errmsg(a));
+	cr_assert_eq(l.n, 1);
+	cr_assert_str_eq(l.items[0].id, "s3");
+	cr_assert_str_eq(l.items[0].ordering_key, "K");
+	cr_assert_str_eq(l.items[0].last_error, "boom");
+	store_list_free(&l);
+
+	/* Under skip-dead the dead row is set aside: the key is not blocked. */
+	struct store_options o = opts_for("admin2", true);
+	o.skip_dead = true;
+	struct store *sk = open_store(o);
+	cr_assert_eq(store_status(sk, &st), 0);
+	cr_assert_eq(st.blocked_keys, 0);
+	cr_assert_str_eq(st.oldest_blocked_key, "");
+	store_free(sk);
+	store_free(a);
+}
+
+Test(store, dead_list_requeue_discard_purge)
+{
+	struct store *a = migrated("admin");
+	for (int i = 0; i < 6; i++) {
+		char id[16];
+		snprintf(id, sizeof(id), "x%d", i);
+		add(id, NULL, 0);
+	}
+	sql(g_admin, "UPDATE %s SET attempts = 3, last_error = 'dead ' || id"
+	             " WHERE id IN ('x0', 'x1', 'x2')",
+	    g_table);
+
+	struct store_list l;
+	cr_assert_eq(store_dead(a, 0, &l), 0, "%s", store_errmsg(a));
+	cr_assert_eq(l.n, 3);
+	cr_assert_str_eq(l.items[0].id, "x0");
+	cr_assert_str_eq(l.items[0].last_error, "dead x0");
+	cr_assert_eq(l.items[0].attempts, 3);
+	cr_assert_str_eq(l.items[0].exchange, "ex");
+	cr_assert(strchr(l.items[0].created_at, 'T'), "ISO 8601: %s", l.items[0].created_at);
+	store_list_free(&l);
+	cr_assert_eq(store_dead(a, 2, &l), 0);
+	cr_assert_eq(l.n, 2);
+	store_list_free(&l);
+
+	/* A requeue wakes a listening relay. */
+	struct store *r = open_store(opts_for("relay-1", false));
+	int64_t n = -1;
+	const char *one[] = { "x0" };
+	cr_assert_eq(store_requeue(a, one, 1, false, &n), 0, "%s", store_errmsg(a));
+	cr_assert_eq(n, 1);
+	cr_assert(woken_within(r, 3000), "requeue notifies the channel");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'x0' AND attempts = 0"
+	                     " AND last_error IS NULL",
+	                     g_table),
+	             1);
+	cr_assert_eq(store_requeue(a, NULL, 0, true, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(store_dead(a, 0, &l), 0);
+	cr_assert_eq(l.n, 0);
+	store_list_free(&l);
+
+	const char *gone[] = { "x1", "nope" };
+	cr_assert_eq(store_discard(a, gone, 2, &n), 0, "%s", store_errmsg(a));
+	cr_assert_eq(n, 1);
+
+	sql(g_admin, "UPDATE %s SET published_at = now() - interval '2 hours' WHERE id <> 'x2'",
+	    g_table);
+	sql(g_admin, "UPDATE %s SET published_at = now() WHERE id = 'x3'", g_table);
+	cr_assert_eq(store_purge(a, 3600 * 1000, 2, NULL, &n), 0, "%s", store_errmsg(a));
+	cr_assert_eq(n, 3, "x0 x4 x5: older than an hour, in slices of 2");
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s", g_table), 2, "x2 and x3 remain");
+	volatile int stop = 1;
+	cr_assert_eq(store_purge(a, 0, 2, &stop, &n), 0);
+	cr_assert_eq(n, 0, "a raised stop flag purges nothing");
+	store_free(r);
+	store_free(a);
+}
+
+/* Reads "actual time=... rows=N" of the plan line naming the pending index. */
+static long long pending_index_rows(const char *plan, const char *idx)
+{
+	const char *line = strstr(plan, idx);
+	cr_assert_not_null(line, "plan does not use %s:\n%s", idx, plan);
+	const char *act = strstr(line, "actual time=");
+	cr_assert_not_null(act);
+	const char *rows = strstr(act, "rows=");
+	cr_assert_not_null(rows);
+	return strtoll(rows + 5, NULL, 10);
+}
+
+Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 300)
+{
+	struct store *a = migrated("plan");
+	sql(g_admin,
+	    "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	    " SELECT 'b' || g, 'ex', 'rk', 'body', CASE WHEN g %% 10 = 0 THEN 'k' || (g %% 50) END"
+	    " FROM generate_series(1, 200000) g",
+	    g_table);
+	sql(g_admin, "UPDATE %s SET published_at = now() WHERE seq <= (SELECT min(seq) + 99999 FROM %s)",
+	    g_table, g_table);
+	sql(g_admin, "VACUUM ANALYZE %s", g_table);
+	wait_rows_settled();
+	struct store *r = open_store(opts_for("relay-1", false));
+	char idx[96];
+	snprintf(idx, sizeof(idx), "%s_pending_idx", g_table);
+	char seqscan[96];
+	snprintf(seqscan, sizeof(seqscan), "Seq Scan on %s ", g_table);
+
+	/* Several runs: after five executions PostgreSQL may switch to a generic plan, which
+	 * must be just as good. */
+	for (int i = 0; i < 8; i++) {
+		PGresult *res = PQexec(r->conn, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE outbox_claim("
+		                                "false, 3, 100, 'relay-1', 60000)");
+		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQresultErrorMessage(res));
+		static char plan[32768];
+		size_t len = 0;
+		for (int t = 0; t < PQntuples(res) && len < sizeof(plan) - 1; t++)
+			len += (size_t)snprintf(plan + len, sizeof(plan) - len, "%s\n",
+			                        PQgetvalue(res, t, 0));
+		PQclear(res);
+		cr_assert_null(strstr(plan, seqscan), "run %d walks the table:\n%s", i, plan);
+		long long rows = pending_index_rows(plan, idx);
+		cr_assert_leq(rows, 400, "run %d read %lld index entries for a batch of 100:\n%s", i,
+		              rows, plan);
+		/* As the relay would: the claimed rows get published before the next claim. */
+		sql(g_admin,
+		    "UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
+		    " WHERE locked_by = 'relay-1'",
+		    g_table);
+	}
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                     g_table),
+	             100000 - 800, "each run claimed a full batch");
+	store_free(r);
+	store_free(a);
+}
