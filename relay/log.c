@@ -296,39 +296,47 @@ static void line_end(struct line *l, bool json)
 	write_all(l->buf, l->len);
 }
 
-void log_event(enum log_level level, const char *component, const char *msg, ...)
+/* Formats and writes one line; the pairs come either from ap (NULL-terminated) or from kv. */
+static void emit(enum log_level level, const char *component, const char *msg, va_list *ap,
+                 const char *const *kv, size_t npairs)
 {
 	struct line l;
-	bool json;
+	bool json = line_begin(&l, level, component, msg);
+
+	if (ap != NULL) {
+		for (;;) {
+			const char *k = va_arg(*ap, const char *);
+			const char *v;
+
+			if (k == NULL)
+				break;
+			v = va_arg(*ap, const char *);
+			put_pair(&l, k, v, json, false);
+		}
+	}
+	for (size_t i = 0; kv != NULL && i < npairs; i++) {
+		if (kv[2 * i] != NULL)
+			put_pair(&l, kv[2 * i], kv[2 * i + 1], json, false);
+	}
+
+	line_end(&l, json);
+}
+
+void log_event(enum log_level level, const char *component, const char *msg, ...)
+{
 	va_list ap;
 
 	if (!log_enabled(level))
 		return;
-	json = line_begin(&l, level, component, msg);
 	va_start(ap, msg);
-	for (;;) {
-		const char *k = va_arg(ap, const char *);
-		const char *v;
-
-		if (k == NULL)
-			break;
-		v = va_arg(ap, const char *);
-		put_pair(&l, k, v, json, false);
-	}
+	emit(level, component, msg, &ap, NULL, 0);
 	va_end(ap);
-	line_end(&l, json);
 }
 
 void log_event_kv(enum log_level level, const char *component, const char *msg,
                   const char *const *kv, size_t npairs)
 {
-	struct line l;
-	bool json;
-
 	if (!log_enabled(level))
 		return;
-	json = line_begin(&l, level, component, msg);
-	for (size_t i = 0; i < npairs; i++)
-		put_pair(&l, kv[2 * i], kv[2 * i + 1], json, false);
-	line_end(&l, json);
+	emit(level, component, msg, NULL, kv, npairs);
 }

@@ -278,3 +278,20 @@ Test(log, concurrent_lines_never_interleave)
 	cr_assert_eq(lines, THREADS * LINES_PER_THREAD);
 	free(d.buf);
 }
+
+Test(log, pairs_from_an_array)
+{
+	const char *kv[] = { "a", "1", "b", "two words", "c", NULL };
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	capture_start();
+	log_event_kv(LOG_INFO, "config", "effective configuration", kv, 3);
+	log_event_kv(LOG_DEBUG, "config", "filtered out", kv, 3);
+	out = capture_end();
+
+	cr_assert_not_null(strstr(out, " component=config msg=\"effective configuration\""
+	                               " a=1 b=\"two words\" c=\"\"\n"), "got: %s", out);
+	cr_assert_null(strstr(out, "filtered out"));
+	free(out);
+}
