@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <amqp.h>
 #include <amqp_framing.h>
@@ -254,6 +257,50 @@ static int parse_url(struct broker *b)
 	return BROKER_OK;
 }
 
+/* rabbitmq-c reports a failed non-blocking connect only as "a socket error occurred": the
+ * reason sits in the socket's SO_ERROR, which it does not expose. On that failure path only,
+ * one plain connect attempt finds out why ("connection refused", "no route to host"), so the
+ * operator's log line says what is wrong. Returns an errno value, or 0 when unknown. */
+static int connect_errno(const char *host, int port, int64_t timeout_ms)
+{
+	struct addrinfo hint, *list = NULL;
+	char portstr[16];
+	int err = 0;
+
+	memset(&hint, 0, sizeof(hint));
+	hint.ai_family = AF_UNSPEC;
+	hint.ai_socktype = SOCK_STREAM;
+	snprintf(portstr, sizeof(portstr), "%d", port);
+	if (getaddrinfo(host, portstr, &hint, &list) != 0)
+		return 0;
+	for (struct addrinfo *a = list; a != NULL; a = a->ai_next) {
+		int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		                a->ai_protocol);
+		struct pollfd pfd;
+		socklen_t len = sizeof(err);
+
+		if (fd < 0)
+			continue;
+		err = 0;
+		if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+			err = errno;
+			if (err == EINPROGRESS) {
+				pfd.fd = fd;
+				pfd.events = POLLOUT;
+				if (poll(&pfd, 1, (int)(timeout_ms > INT_MAX ? INT_MAX : timeout_ms)) == 1)
+					(void)getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+				else
+					err = ETIMEDOUT;
+			}
+		}
+		close(fd);
+		if (err == 0)
+			break;
+	}
+	freeaddrinfo(list);
+	return err;
+}
+
 static int open_socket(struct broker *b)
 {
 	amqp_socket_t *sock;
@@ -293,6 +340,9 @@ static int open_socket(struct broker *b)
 	if (rc != AMQP_STATUS_OK) {
 		int e = errno;
 		char reason[128];
+
+		if (rc == AMQP_STATUS_SOCKET_ERROR && (e == 0 || e == EINPROGRESS))
+			e = connect_errno(b->ci.host, b->ci.port, b->opts.confirm_timeout_ms);
 
 		if (rc == AMQP_STATUS_SOCKET_ERROR && e != 0) {
 			/* strerror() is capitalised ("Connection refused"); our lines are not */

@@ -1,0 +1,527 @@
+/* The broker module against the real RabbitMQ (RELAY_TEST_AMQP): what arrives, and the
+ * outcome of every row when one of them is unroutable, refused, nacked or invalid. Each test
+ * declares its own exchange and queues and deletes them at the end. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <amqp.h>
+#include <amqp_framing.h>
+#include <amqp_tcp_socket.h>
+
+#include "amqp/broker.h"
+
+/* ---- a small rabbitmq-c admin/consumer connection for the test itself ---- */
+
+static const char *amqp_url_env(void)
+{
+	const char *url = getenv("RELAY_TEST_AMQP");
+
+	cr_assert(url != NULL && url[0] != '\0', "RELAY_TEST_AMQP is not set");
+	return url;
+}
+
+static void unique(char *buf, size_t n, const char *what)
+{
+	static unsigned counter;
+
+	snprintf(buf, n, "broker_test_%s_%ld_%u_%ld", what, (long)getpid(), ++counter,
+	         random() % 100000);
+}
+
+static void check_reply(amqp_connection_state_t c, const char *what)
+{
+	amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
+
+	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "%s failed (reply type %d)", what,
+	             (int)r.reply_type);
+}
+
+static amqp_connection_state_t admin_open(void)
+{
+	char *url = strdup(amqp_url_env());
+	struct amqp_connection_info ci;
+	amqp_connection_state_t c = amqp_new_connection();
+	amqp_socket_t *s = amqp_tcp_socket_new(c);
+	amqp_rpc_reply_t r;
+
+	cr_assert_not_null(url);
+	cr_assert_eq(amqp_parse_url(url, &ci), AMQP_STATUS_OK);
+	cr_assert_eq(amqp_socket_open(s, ci.host, ci.port), AMQP_STATUS_OK,
+	             "RabbitMQ at RELAY_TEST_AMQP is unreachable");
+	r = amqp_login(c, ci.vhost[0] ? ci.vhost : "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+	               ci.user, ci.password);
+	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "admin login failed");
+	amqp_channel_open(c, 1);
+	check_reply(c, "channel.open");
+	free(url);
+	return c;
+}
+
+static void admin_close(amqp_connection_state_t c)
+{
+	(void)amqp_channel_close(c, 1, AMQP_REPLY_SUCCESS);
+	(void)amqp_connection_close(c, AMQP_REPLY_SUCCESS);
+	amqp_destroy_connection(c);
+}
+
+static void declare_queue(amqp_connection_state_t c, const char *q, const char *exchange,
+                          const char *key, amqp_table_t args)
+{
+	amqp_queue_declare(c, 1, amqp_cstring_bytes(q), 0, 0, 0, 0, args);
+	check_reply(c, "queue.declare");
+	amqp_queue_bind(c, 1, amqp_cstring_bytes(q), amqp_cstring_bytes(exchange),
+	                amqp_cstring_bytes(key), amqp_empty_table);
+	check_reply(c, "queue.bind");
+}
+
+/* Takes the next message from q (NULL when the queue is empty). Caller destroys it. */
+static amqp_message_t *get_message(amqp_connection_state_t c, const char *q)
+{
+	amqp_rpc_reply_t r = amqp_basic_get(c, 1, amqp_cstring_bytes(q), 1);
+	amqp_message_t *m;
+
+	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "basic.get failed");
+	if (r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+		return NULL;
+	m = calloc(1, sizeof(*m));
+	cr_assert_not_null(m);
+	r = amqp_read_message(c, 1, m, 0);
+	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "reading a message failed");
+	return m;
+}
+
+static void drop_message(amqp_message_t *m)
+{
+	if (m == NULL)
+		return;
+	amqp_destroy_message(m);
+	free(m);
+}
+
+static bool bytes_is(amqp_bytes_t b, const char *s)
+{
+	return b.len == strlen(s) && (b.len == 0 || memcmp(b.bytes, s, b.len) == 0);
+}
+
+static const amqp_field_value_t *header(const amqp_basic_properties_t *p, const char *key)
+{
+	cr_assert(p->_flags & AMQP_BASIC_HEADERS_FLAG, "no headers");
+	for (int i = 0; i < p->headers.num_entries; i++) {
+		if (bytes_is(p->headers.entries[i].key, key))
+			return &p->headers.entries[i].value;
+	}
+	cr_assert_fail("no header '%s'", key);
+	return NULL;
+}
+
+/* Drains q and counts the messages whose message_id is id. */
+static size_t count_ids(amqp_connection_state_t c, const char *q, const char *const *ids,
+                        size_t nids, size_t *counts)
+{
+	size_t total = 0;
+	amqp_message_t *m;
+
+	memset(counts, 0, nids * sizeof(*counts));
+	while ((m = get_message(c, q)) != NULL) {
+		for (size_t i = 0; i < nids; i++) {
+			if (bytes_is(m->properties.message_id, ids[i]))
+				counts[i]++;
+		}
+		total++;
+		drop_message(m);
+	}
+	return total;
+}
+
+/* ---- fixture: one direct exchange with queue Q bound to key "k" ---- */
+
+static amqp_connection_state_t admin;
+static char exchange[128], queue[128];
+static struct broker *b;
+static struct broker_options opts;
+
+static void setup(void)
+{
+	srandom((unsigned)getpid());
+	admin = admin_open();
+	unique(exchange, sizeof(exchange), "ex");
+	unique(queue, sizeof(queue), "q");
+	amqp_exchange_declare(admin, 1, amqp_cstring_bytes(exchange), amqp_cstring_bytes("direct"),
+	                      0, 0, 0, 0, amqp_empty_table);
+	check_reply(admin, "exchange.declare");
+	declare_queue(admin, queue, exchange, "k", amqp_empty_table);
+
+	memset(&opts, 0, sizeof(opts));
+	opts.url = amqp_url_env();
+	opts.heartbeat_ms = 30000;
+	opts.confirm_timeout_ms = 10000;
+	opts.tls_ca_file = opts.tls_cert_file = opts.tls_key_file = "";
+	opts.tls_verify_peer = true;
+	opts.connection_name = "outbox-relay broker test";
+	b = broker_new(&opts);
+	cr_assert_not_null(b);
+	cr_assert_eq(broker_connect(b), BROKER_OK, "connect: %s", broker_errmsg(b));
+}
+
+static void teardown(void)
+{
+	broker_free(b);
+	amqp_queue_delete(admin, 1, amqp_cstring_bytes(queue), 0, 0);
+	amqp_exchange_delete(admin, 1, amqp_cstring_bytes(exchange), 0);
+	admin_close(admin);
+}
+
+static struct broker_message msg(const char *id, const char *ex, const char *key,
+                                 const char *body)
+{
+	struct broker_message m = {
+		.id = id,
+		.exchange = ex,
+		.routing_key = key,
+		.body = body,
+		.body_len = strlen(body),
+		.body_encoding = "utf-8",
+		.content_type = "application/json",
+		.headers_json = "{}",
+		.properties_json = "{}",
+		.timestamp_s = 1700000000,
+	};
+	return m;
+}
+
+static int publish_confirm(struct broker_message *m, size_t n, struct broker_result *res)
+{
+	int rc = broker_publish(b, m, n, res);
+
+	cr_assert_eq(rc, BROKER_OK, "publish: %s", broker_errmsg(b));
+	return broker_confirm(b, m, n, res);
+}
+
+TestSuite(broker, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
+{
+	struct broker_message m[3] = {
+		msg("arrive-1", exchange, "k", "{\"n\":1}"),
+		msg("arrive-2", exchange, "k", "AAEC/w=="),
+		msg("arrive-3", exchange, "k", "plain text"),
+	};
+	struct broker_result res[3];
+	amqp_message_t *got;
+	const amqp_field_value_t *v;
+
+	m[1].body_encoding = "base64";
+	m[1].content_type = "application/octet-stream";
+	m[2].headers_json = "{\"s\":\"x\",\"i\":42,\"r\":2.5,\"t\":true,\"n\":null,"
+	                    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
+	m[2].properties_json = "{\"correlation_id\":\"c-9\",\"reply_to\":\"r\",\"type\":\"t\","
+	                       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
+	                       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
+
+	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	for (size_t i = 0; i < 3; i++) {
+		cr_assert_eq(res[i].outcome, BROKER_ACKED, "row %zu: %d %s", i, res[i].outcome,
+		             res[i].error);
+		cr_assert_gt(res[i].confirm_us, 0);
+	}
+
+	got = get_message(admin, queue);
+	cr_assert_not_null(got);
+	cr_assert(bytes_is(got->properties.message_id, "arrive-1"));
+	cr_assert(bytes_is(got->body, "{\"n\":1}"));
+	cr_assert(bytes_is(got->properties.content_type, "application/json"));
+	cr_assert_eq(got->properties.delivery_mode, 2);
+	cr_assert_eq(got->properties.timestamp, 1700000000);
+	drop_message(got);
+
+	got = get_message(admin, queue);
+	cr_assert_not_null(got);
+	cr_assert(bytes_is(got->properties.message_id, "arrive-2"));
+	cr_assert_eq(got->body.len, 4);
+	cr_assert_eq(memcmp(got->body.bytes, "\x00\x01\x02\xff", 4), 0);
+	drop_message(got);
+
+	got = get_message(admin, queue);
+	cr_assert_not_null(got);
+	cr_assert(bytes_is(got->properties.message_id, "arrive-3"));
+	cr_assert(bytes_is(got->properties.correlation_id, "c-9"));
+	cr_assert(bytes_is(got->properties.reply_to, "r"));
+	cr_assert(bytes_is(got->properties.type, "t"));
+	cr_assert(bytes_is(got->properties.app_id, "shop"));
+	cr_assert(bytes_is(got->properties.expiration, "60000"));
+	cr_assert(bytes_is(got->properties.content_encoding, "identity"));
+	cr_assert_eq(got->properties.priority, 5);
+	cr_assert_eq(got->properties.delivery_mode, 1);
+	v = header(&got->properties, "s");
+	cr_assert(v->kind == AMQP_FIELD_KIND_UTF8 && bytes_is(v->value.bytes, "x"));
+	v = header(&got->properties, "i");
+	cr_assert(v->kind == AMQP_FIELD_KIND_I64 && v->value.i64 == 42);
+	v = header(&got->properties, "r");
+	cr_assert(v->kind == AMQP_FIELD_KIND_F64 && v->value.f64 == 2.5);
+	v = header(&got->properties, "t");
+	cr_assert(v->kind == AMQP_FIELD_KIND_BOOLEAN && v->value.boolean);
+	v = header(&got->properties, "n");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_VOID);
+	v = header(&got->properties, "o");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_TABLE);
+	cr_assert(bytes_is(v->value.table.entries[0].value.value.bytes, "q"));
+	v = header(&got->properties, "a");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_ARRAY);
+	cr_assert_eq(v->value.array.num_entries, 2);
+	cr_assert_eq(v->value.array.entries[0].value.i64, 1);
+	drop_message(got);
+	cr_assert_null(get_message(admin, queue), "nothing else arrived");
+}
+
+Test(broker, unroutable_row_is_returned_and_the_others_acked)
+{
+	struct broker_message m[3] = {
+		msg("ret-1", exchange, "k", "a"),
+		msg("ret-2", exchange, "nobody", "b"),
+		msg("ret-3", exchange, "k", "c"),
+	};
+	struct broker_result res[3];
+	char want[320];
+	const char *ids[3] = {"ret-1", "ret-2", "ret-3"};
+	size_t counts[3];
+
+	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[0].outcome, BROKER_ACKED);
+	cr_assert_eq(res[1].outcome, BROKER_RETURNED);
+	snprintf(want, sizeof(want), "unroutable: exchange '%s' routing key 'nobody' has no binding",
+	         exchange);
+	cr_assert_str_eq(res[1].error, want);
+	cr_assert_eq(res[2].outcome, BROKER_ACKED);
+	cr_assert_eq(count_ids(admin, queue, ids, 3, counts), 2);
+	cr_assert(counts[0] == 1 && counts[1] == 0 && counts[2] == 1);
+
+	/* the late ack of the returned row must not confuse the next batch */
+	cr_assert_eq(publish_confirm(m, 1, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[0].outcome, BROKER_ACKED);
+}
+
+Test(broker, missing_exchange_is_refused_without_sending)
+{
+	char nope[128], want[320];
+	struct broker_message m[4];
+	struct broker_result res[4];
+	const char *ids[4] = {"nx-1", "nx-2", "nx-3", "nx-4"};
+	size_t counts[4];
+
+	unique(nope, sizeof(nope), "nope");
+	m[0] = msg("nx-1", exchange, "k", "a");
+	m[1] = msg("nx-2", nope, "k", "b");
+	m[2] = msg("nx-3", exchange, "k", "c");
+	m[3] = msg("nx-4", nope, "k", "d");
+	cr_assert_eq(publish_confirm(m, 4, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	snprintf(want, sizeof(want), "exchange '%s' not found", nope);
+	cr_assert_eq(res[0].outcome, BROKER_ACKED);
+	cr_assert_eq(res[1].outcome, BROKER_REFUSED);
+	cr_assert_str_eq(res[1].error, want);
+	cr_assert_eq(res[2].outcome, BROKER_ACKED);
+	cr_assert_eq(res[3].outcome, BROKER_REFUSED);
+	cr_assert_eq(count_ids(admin, queue, ids, 4, counts), 2);
+	cr_assert(counts[0] == 1 && counts[2] == 1);
+	cr_assert(broker_connected(b));
+}
+
+Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
+{
+	struct broker_message m[5] = {
+		msg("uid-1", exchange, "k", "a"), msg("uid-2", exchange, "k", "b"),
+		msg("uid-3", exchange, "k", "c"), msg("uid-4", exchange, "k", "d"),
+		msg("uid-5", exchange, "k", "e"),
+	};
+	struct broker_result res[5];
+	const char *ids[5] = {"uid-1", "uid-2", "uid-3", "uid-4", "uid-5"};
+	size_t counts[5];
+	char *url = strdup(amqp_url_env());
+	struct amqp_connection_info ci;
+	char want[320];
+
+	cr_assert_not_null(url);
+	cr_assert_eq(amqp_parse_url(url, &ci), AMQP_STATUS_OK);
+	snprintf(want, sizeof(want),
+	         "PRECONDITION_FAILED - user_id property set to 'somebody-else' but authenticated "
+	         "user was '%s'",
+	         ci.user);
+	m[2].properties_json = "{\"user_id\":\"somebody-else\"}";
+	cr_assert_eq(publish_confirm(m, 5, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	for (size_t i = 0; i < 5; i++) {
+		if (i == 2)
+			continue;
+		cr_assert_eq(res[i].outcome, BROKER_ACKED, "row %zu: %d %s", i, res[i].outcome,
+		             res[i].error);
+	}
+	cr_assert_eq(res[2].outcome, BROKER_REFUSED);
+	cr_assert_str_eq(res[2].error, want);
+	count_ids(admin, queue, ids, 5, counts);
+	for (size_t i = 0; i < 5; i++)
+		cr_assert_eq(counts[i] > 0, i != 2, "row %zu received %zu times", i, counts[i]);
+
+	/* the channel works again for the next batch */
+	cr_assert_eq(publish_confirm(m, 2, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[1].outcome, BROKER_ACKED);
+	free(url);
+}
+
+Test(broker, full_queue_with_reject_publish_nacks)
+{
+	char full[128];
+	amqp_table_entry_t e[2];
+	amqp_table_t args = {2, e};
+	struct broker_message m[3] = {
+		msg("nack-1", exchange, "full", "a"),
+		msg("nack-2", exchange, "full", "b"),
+		msg("nack-3", exchange, "full", "c"),
+	};
+	struct broker_result res[3];
+
+	e[0].key = amqp_cstring_bytes("x-max-length");
+	e[0].value.kind = AMQP_FIELD_KIND_I32;
+	e[0].value.value.i32 = 1;
+	e[1].key = amqp_cstring_bytes("x-overflow");
+	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
+	unique(full, sizeof(full), "full");
+	declare_queue(admin, full, exchange, "full", args);
+
+	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[0].outcome, BROKER_ACKED);
+	for (size_t i = 1; i < 3; i++) {
+		cr_assert_eq(res[i].outcome, BROKER_NACKED, "row %zu: %d", i, res[i].outcome);
+		cr_assert_str_eq(res[i].error, "nacked by broker");
+	}
+	amqp_queue_delete(admin, 1, amqp_cstring_bytes(full), 0, 0);
+	check_reply(admin, "queue.delete");
+}
+
+Test(broker, invalid_rows_are_not_sent)
+{
+	struct broker_message m[4] = {
+		msg("inv-1", exchange, "k", "Zm9vYmFyYmF6*A=="),
+		msg("inv-2", exchange, "k", "fine"),
+		msg("inv-3", exchange, "k", "x"),
+		msg("inv-4", exchange, "k", "y"),
+	};
+	struct broker_result res[4];
+	const char *ids[4] = {"inv-1", "inv-2", "inv-3", "inv-4"};
+	size_t counts[4];
+
+	m[0].body_encoding = "base64";
+	m[2].properties_json = "{\"priority\":12}";
+	m[3].headers_json = "[]";
+	cr_assert_eq(publish_confirm(m, 4, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[0].outcome, BROKER_INVALID);
+	cr_assert_str_eq(res[0].error, "body: invalid base64 at offset 12");
+	cr_assert_eq(res[1].outcome, BROKER_ACKED);
+	cr_assert_eq(res[2].outcome, BROKER_INVALID);
+	cr_assert_str_eq(res[2].error, "properties: priority must be an integer 0-9, got 12");
+	cr_assert_eq(res[3].outcome, BROKER_INVALID);
+	cr_assert_str_eq(res[3].error, "headers: not a JSON object");
+	cr_assert_eq(count_ids(admin, queue, ids, 4, counts), 1);
+	cr_assert_eq(counts[1], 1);
+}
+
+Test(broker, large_batch_is_all_acked)
+{
+	enum { N = 600 };
+	static struct broker_message m[N];
+	static struct broker_result res[N];
+	static char ids[N][32];
+	amqp_message_t *got;
+	size_t n = 0;
+
+	for (size_t i = 0; i < N; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "big-%zu", i);
+		m[i] = msg(ids[i], exchange, "k", "{\"payload\":\"0123456789abcdef\"}");
+	}
+	cr_assert_eq(publish_confirm(m, N, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	for (size_t i = 0; i < N; i++)
+		cr_assert_eq(res[i].outcome, BROKER_ACKED, "row %zu: %d", i, res[i].outcome);
+	while ((got = get_message(admin, queue)) != NULL) {
+		cr_assert(bytes_is(got->properties.message_id, ids[n]), "order kept at %zu", n);
+		n++;
+		drop_message(got);
+	}
+	cr_assert_eq(n, N);
+}
+
+Test(broker, idle_service_keeps_the_connection)
+{
+	cr_assert_geq(broker_fd(b), 0);
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(broker_service(b), BROKER_OK, "service: %s", broker_errmsg(b));
+		usleep(20000);
+	}
+	cr_assert(broker_connected(b));
+	cr_assert_not(broker_blocked(b));
+	broker_disconnect(b);
+	cr_assert_not(broker_connected(b));
+	cr_assert_eq(broker_fd(b), -1);
+	cr_assert_eq(broker_service(b), BROKER_ERR_CONN);
+	cr_assert_eq(broker_connect(b), BROKER_OK, "reconnect: %s", broker_errmsg(b));
+}
+
+/* ---- connection failures (no fixture) ---- */
+
+Test(broker_connect, closed_port_fails_with_a_clear_message)
+{
+	struct broker_options o = {
+		.url = "amqp://guest:secret@127.0.0.1:1/",
+		.confirm_timeout_ms = 2000,
+		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+	};
+	struct broker *x = broker_new(&o);
+
+	cr_assert_not_null(x);
+	cr_assert_eq(broker_connect(x), BROKER_ERR_CONN);
+	cr_assert_str_eq(broker_errmsg(x), "could not connect to 127.0.0.1:1: connection refused");
+	cr_assert_not(broker_connected(x));
+	broker_free(x);
+}
+
+Test(broker_connect, wrong_password_is_a_config_error_without_the_password)
+{
+	char url[512];
+	char *copy = strdup(amqp_url_env());
+	struct amqp_connection_info ci;
+	struct broker_options o = {
+		.confirm_timeout_ms = 5000,
+		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+	};
+	struct broker *x;
+	char want[128];
+
+	cr_assert_not_null(copy);
+	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
+	snprintf(url, sizeof(url), "amqp://%s:wrong-Pa55word@%s:%d/", ci.user, ci.host, ci.port);
+	o.url = url;
+	x = broker_new(&o);
+	cr_assert_not_null(x);
+	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG, "got: %s", broker_errmsg(x));
+	snprintf(want, sizeof(want), "login refused for user '%s' (ACCESS_REFUSED", ci.user);
+	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s",
+	             broker_errmsg(x));
+	cr_assert_null(strstr(broker_errmsg(x), "wrong-Pa55word"));
+	broker_free(x);
+	free(copy);
+}
+
+Test(broker_connect, bad_url_is_a_config_error)
+{
+	struct broker_options o = {
+		.url = "http://nowhere",
+		.confirm_timeout_ms = 1000,
+		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+	};
+	struct broker *x = broker_new(&o);
+
+	cr_assert_not_null(x);
+	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG);
+	cr_assert_str_eq(broker_errmsg(x), "invalid amqp.url: could not parse AMQP URL");
+	broker_free(x);
+}
