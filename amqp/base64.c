@@ -33,10 +33,10 @@ int base64_decode(const char *in, size_t len, unsigned char *out, size_t *out_le
                   size_t *err_offset)
 {
 	uint32_t acc = 0;
-	size_t n = 0;       /* symbols in the current group of four */
-	size_t pad = 0;     /* '=' seen; after the first one only '=' and line breaks may follow */
-	int done = 0;       /* a padded group ended the text: only line breaks may follow */
-	size_t last = 0;    /* offset of the last alphabet symbol */
+	size_t n = 0;    /* symbols in the current group of four */
+	size_t pad = 0;  /* '=' seen; after the first one only '=' and line breaks may follow */
+	int done = 0;    /* a padded group ended the text: only line breaks may follow */
+	size_t last = 0; /* offset of the last alphabet symbol */
 	size_t o = 0;
 	size_t bad = len;
 	int rc = BASE64_ERR_INVALID;
@@ -60,7 +60,8 @@ int base64_decode(const char *in, size_t len, unsigned char *out, size_t *out_le
 			if (n + pad == 4) {
 				/* The bits beyond the decoded bytes must be zero, or two different
 				 * texts would decode to the same body. */
-				if ((n == 2 && (acc & 0x0f) != 0) || (n == 3 && (acc & 0x03) != 0)) {
+				if ((n == 2 && (acc & 0x0f) != 0) ||
+				    (n == 3 && (acc & 0x03) != 0)) {
 					bad = last;
 					goto out;
 				}

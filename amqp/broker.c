@@ -27,10 +27,10 @@
 #include "relay/clock.h"
 
 #define PUBLISH_CHANNEL 1
-#define CHECK_CHANNEL 2   /* passive declares: a 404 there must not close the publish channel */
+#define CHECK_CHANNEL 2 /* passive declares: a 404 there must not close the publish channel */
 #define FRAME_MAX 131072
 #define POOL_PAGE (256 * 1024) /* bodies below this stay in recycled pages, no malloc */
-#define DRAIN_EVERY 128   /* publishes between non-blocking reads of arrived acks */
+#define DRAIN_EVERY 128        /* publishes between non-blocking reads of arrived acks */
 #define KNOWN_EXCHANGES_MAX 1024
 
 struct broker {
@@ -38,7 +38,7 @@ struct broker {
 	char errmsg[512];
 
 	amqp_connection_state_t conn;
-	char *url_buf;              /* amqp_parse_url() points into it */
+	char *url_buf; /* amqp_parse_url() points into it */
 	struct amqp_connection_info ci;
 	bool connected;
 	bool blocked;
@@ -49,17 +49,17 @@ struct broker {
 	struct broker_result *res;
 	size_t n;
 	bool active;
-	bool channel_closed;        /* channel.close on the publish channel, answered */
+	bool channel_closed; /* channel.close on the publish channel, answered */
 	int close_code;
 	char close_text[256];
 
-	amqp_pool_t pool;           /* per-batch tables and decoded bodies, recycled */
+	amqp_pool_t pool; /* per-batch tables and decoded bodies, recycled */
 	amqp_basic_properties_t *props;
 	amqp_bytes_t *bodies;
 	size_t map_cap;
 	struct confirm_tracker tracker;
 
-	char **known;               /* exchanges seen to exist on this connection */
+	char **known; /* exchanges seen to exist on this connection */
 	size_t nknown;
 };
 
@@ -159,11 +159,13 @@ static void reply_text(amqp_rpc_reply_t r, char *out, size_t n)
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			const amqp_connection_close_t *c = r.reply.decoded;
 
-			snprintf(out, n, "%.*s", (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+			snprintf(out, n, "%.*s", (int)c->reply_text.len,
+			         (const char *)c->reply_text.bytes);
 		} else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 			const amqp_channel_close_t *c = r.reply.decoded;
 
-			snprintf(out, n, "%.*s", (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+			snprintf(out, n, "%.*s", (int)c->reply_text.len,
+			         (const char *)c->reply_text.bytes);
 		} else {
 			snprintf(out, n, "unexpected method 0x%08x", (unsigned)r.reply.id);
 		}
@@ -194,7 +196,8 @@ void broker_disconnect(struct broker *b)
 	if (b->conn == NULL)
 		return;
 	if (b->connected) {
-		/* Polite close so the broker logs a clean disconnect; bounded by the rpc timeout. */
+		/* Polite close so the broker logs a clean disconnect; bounded by the rpc
+		 * timeout. */
 		(void)amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
 	}
 	(void)lost(b);
@@ -211,7 +214,8 @@ static int check_rpc(struct broker *b, amqp_rpc_reply_t r, const char *what)
 		return BROKER_OK;
 	reply_text(r, text, sizeof(text));
 	set_err(b, "%s: %s", what, text);
-	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+	    r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 		amqp_connection_close_ok_t ok = {0};
 
 		(void)amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
@@ -226,8 +230,7 @@ static int open_publish_channel(struct broker *b)
 	if (check_rpc(b, amqp_get_rpc_reply(b->conn), "could not open channel") != BROKER_OK)
 		return BROKER_ERR_CONN;
 	amqp_confirm_select(b->conn, PUBLISH_CHANNEL);
-	if (check_rpc(b, amqp_get_rpc_reply(b->conn), "could not select confirm mode") !=
-	    BROKER_OK)
+	if (check_rpc(b, amqp_get_rpc_reply(b->conn), "could not select confirm mode") != BROKER_OK)
 		return BROKER_ERR_CONN;
 	b->channel_closed = false;
 	confirm_tracker_channel_reset(&b->tracker);
@@ -287,7 +290,8 @@ static int connect_errno(const char *host, int port, int64_t timeout_ms)
 			if (err == EINPROGRESS) {
 				pfd.fd = fd;
 				pfd.events = POLLOUT;
-				if (poll(&pfd, 1, (int)(timeout_ms > INT_MAX ? INT_MAX : timeout_ms)) == 1)
+				if (poll(&pfd, 1,
+				         (int)(timeout_ms > INT_MAX ? INT_MAX : timeout_ms)) == 1)
 					(void)getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
 				else
 					err = ETIMEDOUT;
@@ -320,10 +324,11 @@ static int open_socket(struct broker *b)
 		}
 		if (b->opts.tls_cert_file != NULL && b->opts.tls_cert_file[0] != '\0' &&
 		    amqp_ssl_socket_set_key(sock, b->opts.tls_cert_file,
-		                            b->opts.tls_key_file != NULL ? b->opts.tls_key_file : "") !=
-		        AMQP_STATUS_OK) {
+		                            b->opts.tls_key_file != NULL ? b->opts.tls_key_file
+		                                                         : "") != AMQP_STATUS_OK) {
 			set_err(b, "could not read amqp.tls.cert_file '%s' or key_file '%s'",
-			        b->opts.tls_cert_file, b->opts.tls_key_file ? b->opts.tls_key_file : "");
+			        b->opts.tls_cert_file,
+			        b->opts.tls_key_file ? b->opts.tls_key_file : "");
 			return BROKER_ERR_CONFIG;
 		}
 		amqp_ssl_socket_set_verify_peer(sock, b->opts.tls_verify_peer);
@@ -374,8 +379,9 @@ static void bound_writes(struct broker *b)
 	if (fd < 0 || b->opts.confirm_timeout_ms <= 0)
 		return;
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	user_timeout = b->opts.confirm_timeout_ms > UINT_MAX ? UINT_MAX
-	                                                     : (unsigned int)b->opts.confirm_timeout_ms;
+	user_timeout = b->opts.confirm_timeout_ms > UINT_MAX
+	                       ? UINT_MAX
+	                       : (unsigned int)b->opts.confirm_timeout_ms;
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
 }
 
@@ -426,14 +432,14 @@ static int login(struct broker *b)
 		if (c->reply_code == AMQP_ACCESS_REFUSED)
 			set_err(b, "login refused for user '%s' (%s)", b->ci.user, text);
 		else
-			set_err(b, "could not open vhost '%s' as user '%s' (%s)", b->ci.vhost, b->ci.user,
-			        text);
+			set_err(b, "could not open vhost '%s' as user '%s' (%s)", b->ci.vhost,
+			        b->ci.user, text);
 		(void)amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
 		(void)lost(b);
 		return BROKER_ERR_CONFIG;
 	}
-	set_err(b, "could not log in to %s:%d as user '%s': %s", b->ci.host, b->ci.port,
-	        b->ci.user, text);
+	set_err(b, "could not log in to %s:%d as user '%s': %s", b->ci.host, b->ci.port, b->ci.user,
+	        text);
 	(void)lost(b);
 	return BROKER_ERR_CONN;
 }
@@ -554,7 +560,8 @@ static int handle_frame(struct broker *b, const amqp_frame_t *f)
 				tag = m->delivery_tag;
 				multiple = m->multiple;
 			}
-			(void)confirm_tracker_answer(&b->tracker, tag, multiple, nack, clock_mono_us());
+			(void)confirm_tracker_answer(&b->tracker, tag, multiple, nack,
+			                             clock_mono_us());
 		}
 		break;
 	case AMQP_BASIC_RETURN_METHOD:
@@ -570,7 +577,8 @@ static int handle_frame(struct broker *b, const amqp_frame_t *f)
 			copy_bytes(b->close_text, sizeof(b->close_text), c->reply_text);
 		}
 		if (amqp_send_method(b->conn, f->channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) < 0) {
-			set_err(b, "connection lost while closing channel %u", (unsigned)f->channel);
+			set_err(b, "connection lost while closing channel %u",
+			        (unsigned)f->channel);
 			rc = lost(b);
 			goto out;
 		}
@@ -681,8 +689,7 @@ static int remember_exchange(struct broker *b, const char *name)
 
 /* Passive declare on the check channel. *exists is false (and the rows' error set by the
  * caller) on 404; other refusals are reported through text. */
-static int check_exchange(struct broker *b, const char *name, bool *exists, char *text,
-                          size_t n)
+static int check_exchange(struct broker *b, const char *name, bool *exists, char *text, size_t n)
 {
 	amqp_rpc_reply_t r;
 
@@ -693,20 +700,24 @@ static int check_exchange(struct broker *b, const char *name, bool *exists, char
 		*exists = true;
 		return remember_exchange(b, name);
 	}
-	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 		const amqp_channel_close_t *c = r.reply.decoded;
 		amqp_channel_close_ok_t ok = {0};
 
 		if (c->reply_code == AMQP_NOT_FOUND)
 			snprintf(text, n, "exchange '%s' not found", name);
 		else
-			snprintf(text, n, "%.*s", (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-		if (amqp_send_method(b->conn, CHECK_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) < 0) {
+			snprintf(text, n, "%.*s", (int)c->reply_text.len,
+			         (const char *)c->reply_text.bytes);
+		if (amqp_send_method(b->conn, CHECK_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) <
+		    0) {
 			set_err(b, "connection lost while checking exchange '%s'", name);
 			return lost(b);
 		}
 		amqp_channel_open(b->conn, CHECK_CHANNEL);
-		if (check_rpc(b, amqp_get_rpc_reply(b->conn), "could not reopen channel") != BROKER_OK)
+		if (check_rpc(b, amqp_get_rpc_reply(b->conn), "could not reopen channel") !=
+		    BROKER_OK)
 			return BROKER_ERR_CONN;
 		*exists = false;
 		return BROKER_OK;
@@ -876,14 +887,16 @@ static int timed_out(struct broker *b)
 		        (long long)b->opts.confirm_timeout_ms);
 	else
 		set_err(b, "no confirm from broker within %lld ms for %zu messages",
-		        (long long)b->opts.confirm_timeout_ms, confirm_tracker_outstanding(&b->tracker));
+		        (long long)b->opts.confirm_timeout_ms,
+		        confirm_tracker_outstanding(&b->tracker));
 	return BROKER_ERR_TIMEOUT;
 }
 
 /* Waits until row i (just republished alone) has an answer or the channel closes. */
 static int wait_row(struct broker *b, size_t i, int64_t deadline_ms)
 {
-	while (confirm_tracker_state(&b->tracker, i) == CONFIRM_TRACKER_SENT && !b->channel_closed) {
+	while (confirm_tracker_state(&b->tracker, i) == CONFIRM_TRACKER_SENT &&
+	       !b->channel_closed) {
 		int64_t left = time_left(b, deadline_ms);
 		int rc;
 

@@ -102,8 +102,8 @@ static size_t answer_row(struct confirm_tracker *t, size_t row, bool nack, int64
 	return 1;
 }
 
-size_t confirm_tracker_answer(struct confirm_tracker *t, uint64_t tag, bool multiple,
-                              bool nack, int64_t now_us)
+size_t confirm_tracker_answer(struct confirm_tracker *t, uint64_t tag, bool multiple, bool nack,
+                              int64_t now_us)
 {
 	size_t done = 0;
 	size_t idx;

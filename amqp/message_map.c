@@ -70,8 +70,8 @@ static int parse_object(const char *column, const char *text, json_t **out, char
                         size_t errlen)
 {
 	json_error_t jerr;
-	json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-	                       &jerr);
+	json_t *v =
+		json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 
 	if (v == NULL)
 		return fail(err, errlen, "%s: invalid JSON at line %d column %d: %s", column,
@@ -177,7 +177,8 @@ static int map_value(json_t *v, amqp_pool_t *pool, int depth, struct header_path
 			f.value.array.num_entries = (int)n;
 			f.value.array.entries = NULL;
 			if (n > 0) {
-				f.value.array.entries = amqp_pool_alloc(pool, n * sizeof(amqp_field_value_t));
+				f.value.array.entries =
+					amqp_pool_alloc(pool, n * sizeof(amqp_field_value_t));
 				if (f.value.array.entries == NULL)
 					return MESSAGE_MAP_NOMEM;
 			}
@@ -211,14 +212,15 @@ static int map_table(json_t *obj, amqp_pool_t *pool, int depth, struct header_pa
 		if (t.entries == NULL)
 			return MESSAGE_MAP_NOMEM;
 	}
-	json_object_foreach(obj, key, v) {
+	json_object_foreach(obj, key, v)
+	{
 		size_t klen = strlen(key);
 		size_t old = path_push(path, key, klen, 0);
 		int rc;
 
 		if (klen > MESSAGE_MAP_MAX_KEY)
-			return fail(err, errlen, "headers: key '%s': longer than %d bytes", path->text,
-			            MESSAGE_MAP_MAX_KEY);
+			return fail(err, errlen, "headers: key '%s': longer than %d bytes",
+			            path->text, MESSAGE_MAP_MAX_KEY);
 		rc = pool_copy(pool, key, klen, &t.entries[i].key);
 		if (rc == MESSAGE_MAP_OK)
 			rc = map_value(v, pool, depth, path, &t.entries[i].value, err, errlen);
@@ -332,7 +334,8 @@ static int map_one_property(const char *key, json_t *v, amqp_pool_t *pool,
 		/* RabbitMQ closes the channel (406) for anything but a non-negative integer in
 		 * a string, which would blame the whole batch: refuse it here instead. */
 		if (!json_is_string(v) || !all_digits(json_string_value(v), json_string_length(v)))
-			return fail(err, errlen, "properties: expiration must be a string of digits");
+			return fail(err, errlen,
+			            "properties: expiration must be a string of digits");
 		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
 			return fail(err, errlen, "properties: expiration longer than %d bytes",
 			            MESSAGE_MAP_MAX_SHORTSTR);
@@ -345,15 +348,16 @@ static int map_one_property(const char *key, json_t *v, amqp_pool_t *pool,
 	if (strcmp(key, "priority") == 0) {
 		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 9) {
 			shown_json(v, shown, sizeof(shown));
-			return fail(err, errlen, "properties: priority must be an integer 0-9, got %s",
-			            shown);
+			return fail(err, errlen,
+			            "properties: priority must be an integer 0-9, got %s", shown);
 		}
 		p->priority = (uint8_t)json_integer_value(v);
 		p->_flags |= AMQP_BASIC_PRIORITY_FLAG;
 		return MESSAGE_MAP_OK;
 	}
 	if (strcmp(key, "delivery_mode") == 0) {
-		if (!json_is_integer(v) || (json_integer_value(v) != 1 && json_integer_value(v) != 2))
+		if (!json_is_integer(v) ||
+		    (json_integer_value(v) != 1 && json_integer_value(v) != 2))
 			return fail(err, errlen, "properties: delivery_mode must be 1 or 2");
 		p->delivery_mode = (uint8_t)json_integer_value(v);
 		return MESSAGE_MAP_OK;
@@ -373,7 +377,8 @@ static int map_properties(const char *text, amqp_pool_t *pool, amqp_basic_proper
 	rc = parse_object("properties", text, &obj, err, errlen);
 	if (rc != MESSAGE_MAP_OK)
 		goto out;
-	json_object_foreach(obj, key, v) {
+	json_object_foreach(obj, key, v)
+	{
 		rc = map_one_property(key, v, pool, p, err, errlen);
 		if (rc != MESSAGE_MAP_OK)
 			goto out;
@@ -387,12 +392,13 @@ out:
 static int check_shortstr(const char *column, const char *s, char *err, size_t errlen)
 {
 	if (s != NULL && strlen(s) > MESSAGE_MAP_MAX_SHORTSTR)
-		return fail(err, errlen, "%s: longer than %d bytes", column, MESSAGE_MAP_MAX_SHORTSTR);
+		return fail(err, errlen, "%s: longer than %d bytes", column,
+		            MESSAGE_MAP_MAX_SHORTSTR);
 	return MESSAGE_MAP_OK;
 }
 
-static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_bytes_t *out,
-                    char *err, size_t errlen)
+static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_bytes_t *out, char *err,
+                    size_t errlen)
 {
 	const char *enc = m->body_encoding;
 	amqp_bytes_t b = {0, NULL};
@@ -408,8 +414,8 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
 	}
 	if (strcmp(enc, "base64") != 0) {
 		shown_name(shown, sizeof(shown), enc, strlen(enc));
-		return fail(err, errlen, "body_encoding: unknown encoding '%s' (allowed: utf-8, base64)",
-		            shown);
+		return fail(err, errlen,
+		            "body_encoding: unknown encoding '%s' (allowed: utf-8, base64)", shown);
 	}
 	amqp_pool_alloc_bytes(pool, base64_decoded_max(m->body_len), &b);
 	if (b.bytes == NULL)
@@ -421,8 +427,8 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
 	return MESSAGE_MAP_OK;
 }
 
-int message_map(const struct broker_message *m, amqp_pool_t *pool,
-                amqp_basic_properties_t *props, amqp_bytes_t *body, char *err, size_t errlen)
+int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
+                amqp_bytes_t *body, char *err, size_t errlen)
 {
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;

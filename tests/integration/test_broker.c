@@ -169,13 +169,14 @@ static void setup(void)
 static void teardown(void)
 {
 	broker_free(b);
+	if (admin == NULL)
+		return; /* setup failed before connecting: nothing was declared */
 	amqp_queue_delete(admin, 1, amqp_cstring_bytes(queue), 0, 0);
 	amqp_exchange_delete(admin, 1, amqp_cstring_bytes(exchange), 0);
 	admin_close(admin);
 }
 
-static struct broker_message msg(const char *id, const char *ex, const char *key,
-                                 const char *body)
+static struct broker_message msg(const char *id, const char *ex, const char *key, const char *body)
 {
 	struct broker_message m = {
 		.id = id,
@@ -216,10 +217,10 @@ Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
 	m[1].body_encoding = "base64";
 	m[1].content_type = "application/octet-stream";
 	m[2].headers_json = "{\"s\":\"x\",\"i\":42,\"r\":2.5,\"t\":true,\"n\":null,"
-	                    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
+			    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
 	m[2].properties_json = "{\"correlation_id\":\"c-9\",\"reply_to\":\"r\",\"type\":\"t\","
-	                       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
-	                       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
+			       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
+			       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	for (size_t i = 0; i < 3; i++) {
@@ -291,8 +292,8 @@ Test(broker, unroutable_row_is_returned_and_the_others_acked)
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_ACKED);
 	cr_assert_eq(res[1].outcome, BROKER_RETURNED);
-	snprintf(want, sizeof(want), "unroutable: exchange '%s' routing key 'nobody' has no binding",
-	         exchange);
+	snprintf(want, sizeof(want),
+	         "unroutable: exchange '%s' routing key 'nobody' has no binding", exchange);
 	cr_assert_str_eq(res[1].error, want);
 	cr_assert_eq(res[2].outcome, BROKER_ACKED);
 	cr_assert_eq(count_ids(admin, queue, ids, 3, counts), 2);
@@ -473,7 +474,9 @@ Test(broker_connect, closed_port_fails_with_a_clear_message)
 	struct broker_options o = {
 		.url = "amqp://guest:secret@127.0.0.1:1/",
 		.confirm_timeout_ms = 2000,
-		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+		.tls_ca_file = "",
+		.tls_cert_file = "",
+		.tls_key_file = "",
 	};
 	struct broker *x = broker_new(&o);
 
@@ -491,7 +494,9 @@ Test(broker_connect, wrong_password_is_a_config_error_without_the_password)
 	struct amqp_connection_info ci;
 	struct broker_options o = {
 		.confirm_timeout_ms = 5000,
-		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+		.tls_ca_file = "",
+		.tls_cert_file = "",
+		.tls_key_file = "",
 	};
 	struct broker *x;
 	char want[128];
@@ -504,8 +509,7 @@ Test(broker_connect, wrong_password_is_a_config_error_without_the_password)
 	cr_assert_not_null(x);
 	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG, "got: %s", broker_errmsg(x));
 	snprintf(want, sizeof(want), "login refused for user '%s' (ACCESS_REFUSED", ci.user);
-	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s",
-	             broker_errmsg(x));
+	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s", broker_errmsg(x));
 	cr_assert_null(strstr(broker_errmsg(x), "wrong-Pa55word"));
 	broker_free(x);
 	free(copy);
@@ -516,7 +520,9 @@ Test(broker_connect, bad_url_is_a_config_error)
 	struct broker_options o = {
 		.url = "http://nowhere",
 		.confirm_timeout_ms = 1000,
-		.tls_ca_file = "", .tls_cert_file = "", .tls_key_file = "",
+		.tls_ca_file = "",
+		.tls_cert_file = "",
+		.tls_key_file = "",
 	};
 	struct broker *x = broker_new(&o);
 

@@ -60,14 +60,14 @@ Test(base64, rejects_bytes_outside_the_alphabet)
 
 Test(base64, rejects_missing_or_misplaced_padding)
 {
-	expect_bad("Zg", 2);       /* ends inside a group */
+	expect_bad("Zg", 2); /* ends inside a group */
 	expect_bad("Zm9", 3);
 	expect_bad("Zg=", 3);
-	expect_bad("Z===", 1);     /* padding cannot fill three places */
+	expect_bad("Z===", 1); /* padding cannot fill three places */
 	expect_bad("=Zg=", 0);
 	expect_bad("Zg==Zg==", 4); /* data after padding */
 	expect_bad("Zm8=a", 4);
-	expect_bad("Zg===", 4);    /* too much padding */
+	expect_bad("Zg===", 4); /* too much padding */
 	expect_bad("Zg=a", 3);
 }
 

@@ -23,7 +23,8 @@ static void send_all(size_t n, uint64_t first_tag)
 		uint64_t tag = 0;
 
 		cr_assert_eq(confirm_tracker_sent(&t, i, 100, &tag), CONFIRM_TRACKER_OK);
-		cr_assert_eq(tag, first_tag + i, "row %zu got tag %llu", i, (unsigned long long)tag);
+		cr_assert_eq(tag, first_tag + i, "row %zu got tag %llu", i,
+		             (unsigned long long)tag);
 	}
 	cr_assert_eq(confirm_tracker_outstanding(&t), n);
 }

@@ -94,14 +94,15 @@ Test(message_map, defaults)
 	cr_assert_eq(p.delivery_mode, 2);
 	cr_assert_eq(p.timestamp, 1700000000);
 	cr_assert_eq(p._flags, AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-	                           AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG);
+	                               AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG);
 	cr_assert(bytes_is(b, "{\"a\":1}"));
 }
 
 Test(message_map, every_header_type)
 {
 	struct broker_message m = row(
-		"{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,\"n\":null,"
+		"{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,"
+		"\"n\":null,"
 		"\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"four\":4}],"
 		"\"e\":[],\"z\":\"nul\\u0000byte\"}",
 		"{}");
@@ -239,9 +240,11 @@ Test(message_map, invalid_headers)
 	m.headers_json = "{\"a\" 1}";
 	expect_invalid(&m, "headers: invalid JSON at line 1 column 6: ':' expected near '1'");
 	m.headers_json = "";
-	expect_invalid(&m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
+	expect_invalid(
+		&m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
 	m.headers_json = "{\"a\":1,\"a\":2}";
-	expect_invalid(&m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
+	expect_invalid(
+		&m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
 
 	for (int i = 0; i < 17; i++)
 		append(deep, sizeof(deep), "[");
@@ -252,9 +255,12 @@ Test(message_map, invalid_headers)
 	m.headers_json = deep;
 	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
 	                   "nested deeper than 16 levels");
-	m.headers_json = "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
-	                 "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
-	expect_invalid(&m, "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
+	m.headers_json =
+		"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
+		"{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
+	expect_invalid(
+		&m,
+		"headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
 
 	memset(longkey + 2, 'k', 129);
 	append(longkey, sizeof(longkey), "\":1}");
@@ -297,7 +303,10 @@ Test(message_map, invalid_properties)
 	m.properties_json = "[]";
 	expect_invalid(&m, "properties: not a JSON object");
 	m.properties_json = "{";
-	expect_invalid(&m, "properties: invalid JSON at line 1 column 1: string or '}' expected near end of file");
+	expect_invalid(
+		&m,
+		"properties: invalid JSON at line 1 column 1: "
+		"string or '}' expected near end of file");
 	m.properties_json = "{\"priority\":12}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got 12");
 	m.properties_json = "{\"priority\":-1}";
