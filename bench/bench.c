@@ -113,6 +113,13 @@ static bool selected(const char *name)
 
 /* ---- PostgreSQL ---- */
 
+/* NOTICEs such as "table does not exist, skipping" would only clutter the figures. */
+static void quiet_notices(void *arg, const char *msg)
+{
+	(void)arg;
+	(void)msg;
+}
+
 static PGconn *db_open(const char *what)
 {
 	PGconn *c = PQconnectdb(opt.pg);
@@ -122,6 +129,7 @@ static PGconn *db_open(const char *what)
 		PQfinish(c);
 		return NULL;
 	}
+	PQsetNoticeProcessor(c, quiet_notices, NULL);
 	return c;
 }
 
@@ -429,6 +437,9 @@ static pid_t relay_spawn(const char *cmd, const char *table)
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
+		/* `migrate` reports on stdout; the benchmark's own output stays readable. */
+		if (strcmp(cmd, "run") != 0 && !freopen("/dev/null", "w", stdout))
+			_exit(127);
 		execve(opt.relay, argv, envp);
 		fprintf(stderr, "outbox-bench: could not run %s: %s\n", opt.relay, strerror(errno));
 		_exit(127);
