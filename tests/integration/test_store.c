@@ -755,7 +755,16 @@ static long long pending_index_rows(const char *plan, const char *idx)
 	cr_assert_not_null(act);
 	const char *rows = strstr(act, "rows=");
 	cr_assert_not_null(rows);
-	return strtoll(rows + 5, NULL, 10);
+	long long n = strtoll(rows + 5, NULL, 10);
+	/* Rows the scan read and then filtered out (leased, blocked) count as walked too. */
+	const char *end = strstr(act, "->");
+	const char *sub = strstr(act, "SubPlan");
+	if (sub && (!end || sub < end))
+		end = sub;
+	const char *rem = strstr(act, "Rows Removed by Filter: ");
+	if (rem && (!end || rem < end))
+		n += strtoll(rem + 24, NULL, 10);
+	return n;
 }
 
 Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 300)
@@ -768,7 +777,8 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 	    g_table);
 	sql(g_admin, "UPDATE %s SET published_at = now() WHERE seq <= (SELECT min(seq) + 99999 FROM %s)",
 	    g_table, g_table);
-	sql(g_admin, "VACUUM ANALYZE %s", g_table);
+	/* No ANALYZE: right after a bulk load the statistics are missing, and the claim must
+	 * still walk the index. */
 	wait_rows_settled();
 	struct store *r = open_store(opts_for("relay-1", false));
 	char idx[96];
