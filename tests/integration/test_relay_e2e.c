@@ -215,7 +215,8 @@ static void check_mixed(size_t i, const struct consumer_msg *msg, const char *ex
 	}
 	cr_assert_str_eq(msg->content_type, m.content_type ? m.content_type : "application/json",
 	                 "%s: content type", m.id);
-	cr_assert_eq(msg->timestamp, created_at, "%s: timestamp", m.id);
+	cr_assert_eq(msg->timestamp, created_at, "%s: timestamp %lld, created_at %lld", m.id,
+	             (long long)msg->timestamp, (long long)created_at);
 
 	headers = json_loads(m.headers, 0, &jerr);
 	cr_assert_not_null(headers);

@@ -126,6 +126,14 @@ bool harness_wait_until(harness_cond_fn cond, void *arg, int64_t timeout_ms)
 
 /* ---- PostgreSQL ---- */
 
+/* Server notices ("already exists, skipping" from idempotent DDL) are expected in tests and
+ * would only bury the failure output. */
+static void quiet_notices(void *arg, const char *message)
+{
+	(void)arg;
+	(void)message;
+}
+
 PGconn *harness_pg_connect(void)
 {
 	PGconn *c = PQconnectdb(harness_pg_conninfo());
@@ -137,6 +145,7 @@ PGconn *harness_pg_connect(void)
 		PQfinish(c);
 		cr_assert_fail("could not connect to RELAY_TEST_PG: %s", msg);
 	}
+	PQsetNoticeProcessor(c, quiet_notices, NULL);
 	return c;
 }
 
