@@ -287,8 +287,8 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 		const char *ch[1] = { s->opts.channel };
 		/* The rows are requeued already; a failed notify only delays them to the next
 		 * poll, so it is not reported as a failure of the requeue. */
-		PGresult *nres = PQexecParams(s->conn, "SELECT pg_notify($1, '')", 1, NULL, ch, NULL,
-		                              NULL, 0);
+		PGresult *nres = PQexecParams(s->conn, "SELECT pg_notify($1, '')", 1, NULL, ch,
+		                              NULL, NULL, 0);
 		PQclear(nres);
 	}
 	*n_changed = changed;

@@ -240,7 +240,8 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m,
 	} else if (strcmp(m->body_encoding, "utf-8") == 0) {
 		encoding = "utf-8";
 		if (utf8_chars(values[3], m->body_len) < 0) {
-			set_err(errbuf, errlen, "body is not valid UTF-8 (or holds NUL bytes)", NULL);
+			set_err(errbuf, errlen, "body is not valid UTF-8 (or holds NUL bytes)",
+			        NULL);
 			return OUTBOX_ERR_INVALID;
 		}
 	} else if (strcmp(m->body_encoding, "base64") == 0) {

@@ -300,7 +300,8 @@ static int scalar_array(struct store *s, enum store_slot slot, size_t n, const c
 			w = snprintf(p + len, need - len, "%s%lld", i ? "," : "",
 			             (long long)(f[i].delay_ms > 0 ? f[i].delay_ms : 0));
 		else
-			w = snprintf(p + len, need - len, "%s%s", i ? "," : "", f[i].dead ? "t" : "f");
+			w = snprintf(p + len, need - len, "%s%s", i ? "," : "",
+			             f[i].dead ? "t" : "f");
 		if (w < 0 || (size_t)w >= need - len) {
 			store_set_error(s, "could not format a parameter array");
 			return STORE_ERR_NOMEM;
@@ -472,7 +473,8 @@ static int prepare_statements(struct store *s)
 		return rc;
 
 	w = snprintf(sql, sizeof(sql),
-	             "UPDATE %s SET locked_by = NULL, locked_until = NULL WHERE locked_by = $1::text",
+	             "UPDATE %s SET locked_by = NULL, locked_until = NULL"
+	             " WHERE locked_by = $1::text",
 	             t);
 	if ((rc = prepare_one(s, ST_RELEASE_ALL, 1, sql, w)) != 0)
 		return rc;
@@ -527,7 +529,8 @@ static int check_table(struct store *s)
 		if (PQgetvalue(res, i, 0)[0] == '\0')
 			have_wakeup = true;
 	if (PQntuples(res) == (have_wakeup ? 1 : 0)) {
-		store_set_error(s, "table '%s' does not exist: run 'outbox-relay migrate'", s->table);
+		store_set_error(s, "table '%s' does not exist: run 'outbox-relay migrate'",
+		                s->table);
 		rc = STORE_ERR_FATAL;
 		goto out;
 	}
@@ -549,7 +552,8 @@ static int check_table(struct store *s)
 		goto out;
 	}
 	if (!have_wakeup) {
-		store_set_error(s, "table '%s' lacks its wake-up table %s: run 'outbox-relay migrate'",
+		store_set_error(s,
+		                "table '%s' lacks its wake-up table %s: run 'outbox-relay migrate'",
 		                s->table, wake);
 		rc = STORE_ERR_FATAL;
 		goto out;
@@ -625,7 +629,8 @@ int store_connect(struct store *s)
 		goto out;
 	if (s->opts.channel && s->opts.channel[0]) {
 		if (!store_plain_identifier_valid(s->opts.channel)) {
-			store_set_error(s, "channel '%s' is not a valid identifier", s->opts.channel);
+			store_set_error(s, "channel '%s' is not a valid identifier",
+			                s->opts.channel);
 			rc = STORE_ERR_FATAL;
 			goto out;
 		}
@@ -945,7 +950,8 @@ int store_release(struct store *s, const char *const *ids, size_t n)
 		return rc;
 	if (!ids) {
 		params[0] = relay;
-		return exec_prepared(s, ST_RELEASE_ALL, 1, params, NULL, "could not release leases");
+		return exec_prepared(s, ST_RELEASE_ALL, 1, params, NULL,
+		                     "could not release leases");
 	}
 	if (n == 0)
 		return 0;

@@ -217,7 +217,7 @@ char *store_schema_sql(const char *table, const char *channel)
 	 * notify while a relay has armed the flag (it does so just before it sleeps). The
 	 * trigger is deferred so the check happens at commit, once the row is visible. */
 	sbuf_add(&b,
-	         "-- wake-up: producers notify only while a relay waits (armed_until in the future)\n"
+	         "-- wake-up: producers notify only while a relay waits (armed_until ahead)\n"
 	         "CREATE TABLE IF NOT EXISTS %s%s_wakeup (\n"
 	         "  id          INT PRIMARY KEY CHECK (id = 1),\n"
 	         "  armed_until TIMESTAMPTZ\n"
@@ -229,8 +229,8 @@ char *store_schema_sql(const char *table, const char *channel)
 		         "CREATE OR REPLACE FUNCTION %s%s_wakeup_notify() RETURNS trigger\n"
 		         "LANGUAGE plpgsql AS $fn$\n"
 		         "BEGIN\n"
-		         "  IF EXISTS (SELECT 1 FROM %s%s_wakeup WHERE armed_until > clock_timestamp())"
-		         " THEN\n"
+		         "  IF EXISTS (SELECT 1 FROM %s%s_wakeup\n"
+		         "             WHERE armed_until > clock_timestamp()) THEN\n"
 		         "    PERFORM pg_notify('%s', '');\n"
 		         "  END IF;\n"
 		         "  RETURN NULL;\n"

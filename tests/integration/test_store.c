@@ -507,7 +507,8 @@ Test(store, ordering_keys_head_only_and_failed_head_blocks_its_key)
 	wait_rows_settled();
 	struct store *r = open_store(opts_for("relay-1", false));
 	cr_assert_str_eq(claim_str(r, false), "a1,b1,u1", "only the head of each key");
-	cr_assert_str_eq(claim_str(r, false), "", "a key's next row waits while its head is leased");
+	cr_assert_str_eq(claim_str(r, false), "",
+	                 "a key's next row waits while its head is leased");
 
 	const char *pa[] = { "a1" };
 	cr_assert_eq(store_mark_published(r, pa, 1, false), 0);
@@ -775,7 +776,8 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 	    " SELECT 'b' || g, 'ex', 'rk', 'body', CASE WHEN g %% 10 = 0 THEN 'k' || (g %% 50) END"
 	    " FROM generate_series(1, 200000) g",
 	    g_table);
-	sql(g_admin, "UPDATE %s SET published_at = now() WHERE seq <= (SELECT min(seq) + 99999 FROM %s)",
+	sql(g_admin,
+	    "UPDATE %s SET published_at = now() WHERE seq <= (SELECT min(seq) + 99999 FROM %s)",
 	    g_table, g_table);
 	/* No ANALYZE: right after a bulk load the statistics are missing, and the claim must
 	 * still walk the index. */
@@ -800,8 +802,8 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 		PQclear(res);
 		cr_assert_null(strstr(plan, seqscan), "run %d walks the table:\n%s", i, plan);
 		long long rows = pending_index_rows(plan, idx);
-		cr_assert_leq(rows, 400, "run %d read %lld index entries for a batch of 100:\n%s", i,
-		              rows, plan);
+		cr_assert_leq(rows, 400, "run %d read %lld index entries for a batch of 100:\n%s",
+		              i, rows, plan);
 		/* As the relay would: the claimed rows get published before the next claim. */
 		sql(g_admin,
 		    "UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
