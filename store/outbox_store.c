@@ -21,7 +21,7 @@
 #define ROW_COLUMNS                                                                      \
 	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, "         \
 	"o.content_type, o.headers, o.properties, o.ordering_key, "                      \
-	"extract(epoch FROM o.created_at)::bigint, o.attempts"
+	"floor(extract(epoch FROM o.created_at))::bigint, o.attempts"
 enum {
 	COL_SEQ,
 	COL_ID,
