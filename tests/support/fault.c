@@ -1,0 +1,271 @@
+/* fault.c — the steps every fault test shares: setup, relays with short timings, a producer
+ * that keeps committing through a fault, and the lost/duplicate count (see fault.h). */
+#include "tests/support/fault.h"
+
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXIT_TIMEOUT_MS 30000
+#define MAX_ENV 48
+
+static const char *const fault_defaults[] = {
+	"OUTBOX_RELAY_LEASE=3s",
+	"OUTBOX_AMQP_CONFIRM_TIMEOUT=2s",
+	"OUTBOX_RELAY_RETRY_BACKOFF_MIN=200ms",
+	"OUTBOX_RELAY_RETRY_BACKOFF_MAX=1s",
+	"OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	NULL,
+};
+
+void fault_setup(struct fault *f, const char *prefix)
+{
+	memset(f, 0, sizeof(*f));
+	harness_unique_name(f->table, sizeof(f->table), prefix);
+	snprintf(f->exchange, sizeof(f->exchange), "%s_ex", f->table);
+	snprintf(f->queue, sizeof(f->queue), "%s_q", f->table);
+	f->pg = harness_pg_connect();
+	harness_migrate(f->table);
+	f->cons = consumer_start(harness_amqp_url(), f->queue, f->exchange, "topic", "#");
+}
+
+void fault_teardown(struct fault *f)
+{
+	for (size_t i = 0; i < f->n_relays; i++) {
+		struct harness_relay *r = f->relays[i];
+
+		if (!r->exited) {
+			int st = harness_relay_stop(r, SIGTERM, EXIT_TIMEOUT_MS);
+
+			if (st != 0)
+				harness_relay_dump_log(r);
+			cr_expect_eq(st, 0, "relay %zu exited with %d at the end of the test", i, st);
+		}
+		harness_relay_free(r);
+	}
+	f->n_relays = 0;
+	consumer_stop(f->cons);
+	/* The server may have been restarted under the old connection. */
+	if (PQstatus(f->pg) != CONNECTION_OK) {
+		PQfinish(f->pg);
+		f->pg = harness_pg_connect_retry(30000);
+	}
+	if (f->pg)
+		harness_pg_exec(f->pg, "DROP TABLE IF EXISTS %s CASCADE", f->table);
+	PQfinish(f->pg);
+}
+
+static bool same_name(const char *a, const char *b)
+{
+	size_t n = strcspn(a, "=");
+
+	return strncmp(a, b, n) == 0 && b[n] == '=';
+}
+
+struct harness_relay *fault_relay_start(struct fault *f, const char *const *env)
+{
+	const char *merged[MAX_ENV];
+	size_t n = 0;
+
+	cr_assert_lt(f->n_relays, FAULT_MAX_RELAYS, "too many relays for one test");
+	for (size_t i = 0; fault_defaults[i]; i++) {
+		bool replaced = false;
+
+		for (size_t k = 0; env && env[k]; k++)
+			replaced = replaced || same_name(fault_defaults[i], env[k]);
+		if (!replaced)
+			merged[n++] = fault_defaults[i];
+	}
+	for (size_t k = 0; env && env[k]; k++) {
+		cr_assert_lt(n, MAX_ENV - 1, "too many environment entries");
+		merged[n++] = env[k];
+	}
+	merged[n] = NULL;
+	f->relays[f->n_relays] = harness_relay_start(f->table, merged, NULL);
+	return f->relays[f->n_relays++];
+}
+
+int fault_log_count(struct fault *f, const char *needle)
+{
+	int n = 0;
+
+	for (size_t i = 0; i < f->n_relays; i++)
+		n += harness_relay_log_count(f->relays[i], needle);
+	return n;
+}
+
+bool fault_logged(struct fault *f, const char *needle)
+{
+	return fault_log_count(f, needle) > 0;
+}
+
+bool fault_wait_logged(struct fault *f, const char *needle, int64_t timeout_ms)
+{
+	HARNESS_WAIT(fault_logged(f, needle), timeout_ms);
+	return fault_logged(f, needle);
+}
+
+void fault_dump_logs(struct fault *f)
+{
+	for (size_t i = 0; i < f->n_relays; i++)
+		harness_relay_dump_log(f->relays[i]);
+}
+
+void fault_expect_unique(struct fault *f, size_t n, int64_t timeout_ms)
+{
+	if (consumer_wait_unique(f->cons, n, timeout_ms))
+		return;
+	fault_dump_logs(f);
+	cr_assert_fail("only %zu of %zu messages arrived within %lld ms", consumer_unique(f->cons),
+	               n, (long long)timeout_ms);
+}
+
+static int64_t unsettled(struct fault *f, int max_attempts)
+{
+	return harness_pg_int(f->pg,
+	                      "SELECT count(*) FROM %s WHERE (published_at IS NULL AND attempts < %d)"
+	                      " OR (published_at IS NOT NULL AND locked_by IS NOT NULL)",
+	                      f->table, max_attempts);
+}
+
+void fault_expect_settled(struct fault *f, int max_attempts, int64_t timeout_ms)
+{
+	int64_t left;
+
+	if (PQstatus(f->pg) != CONNECTION_OK) {
+		PQfinish(f->pg);
+		f->pg = harness_pg_connect_retry(30000);
+		cr_assert_not_null(f->pg, "no database connection");
+	}
+	HARNESS_WAIT(unsettled(f, max_attempts) == 0, timeout_ms);
+	left = unsettled(f, max_attempts);
+	if (left != 0)
+		fault_dump_logs(f);
+	cr_assert_eq(left, 0, "%lld rows still pending or leased", (long long)left);
+}
+
+size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n,
+                   size_t *lost)
+{
+	size_t missing = 0, received = consumer_received(f->cons);
+	size_t dups = consumer_duplicates(f->cons);
+	char id[96];
+
+	for (size_t i = 0; i < n; i++) {
+		snprintf(id, sizeof(id), "%s-%07zu", prefix, i);
+		if (consumer_count(f->cons, id) == 0) {
+			if (missing < 10)
+				cr_log_error("fault %s: %s was committed but never received", name, id);
+			missing++;
+		}
+	}
+	fprintf(stderr, "fault %s: committed=%zu received=%zu lost=%zu duplicates=%zu\n", name, n,
+	        received, missing, dups);
+	*lost = missing;
+	return dups;
+}
+
+/* ---- producer ---- */
+
+struct fault_producer {
+	pthread_t thread;
+	char conninfo[512];
+	char table[48], exchange[64], prefix[32];
+	size_t chunk, max_rows;
+	int64_t pause_ms;
+	atomic_size_t committed;
+	atomic_bool stop;
+};
+
+/* Commits [from, from + n) once; false when it did not commit (the caller retries). */
+static bool produce_chunk(struct fault_producer *p, PGconn *c, size_t from, size_t n)
+{
+	char sql[1024];
+	PGresult *res;
+	bool ok;
+
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body)"
+	         " SELECT '%s-' || lpad(g::text, 7, '0'), '%s', 'fault.produced',"
+	         " '{\"n\":' || g || '}' FROM generate_series(%zu, %zu) g"
+	         " ON CONFLICT (id) DO NOTHING",
+	         p->table, p->prefix, p->exchange, from, from + n - 1);
+	res = PQexec(c, sql);
+	ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+	PQclear(res);
+	return ok;
+}
+
+static void *producer_main(void *arg)
+{
+	struct fault_producer *p = arg;
+	PGconn *c = NULL;
+	size_t next = 0;
+
+	while (!atomic_load(&p->stop) && next < p->max_rows) {
+		size_t n = p->chunk;
+
+		if (c == NULL || PQstatus(c) != CONNECTION_OK) {
+			PQfinish(c);
+			c = PQconnectdb(p->conninfo);
+			if (PQstatus(c) != CONNECTION_OK) {
+				harness_sleep_ms(100);
+				continue;
+			}
+			PQclear(PQexec(c, "SET client_min_messages = warning"));
+		}
+		if (n > p->max_rows - next)
+			n = p->max_rows - next;
+		if (!produce_chunk(p, c, next, n)) {
+			/* A restart under us: the chunk may or may not have committed; the retry
+			 * is idempotent. */
+			harness_sleep_ms(100);
+			continue;
+		}
+		next += n;
+		atomic_store(&p->committed, next);
+		harness_sleep_ms(p->pause_ms);
+	}
+	PQfinish(c);
+	return NULL;
+}
+
+struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix,
+                                            size_t chunk, int64_t pause_ms, size_t max_rows)
+{
+	struct fault_producer *p = calloc(1, sizeof(*p));
+
+	cr_assert_not_null(p);
+	snprintf(p->conninfo, sizeof(p->conninfo), "%s", harness_pg_conninfo());
+	snprintf(p->table, sizeof(p->table), "%s", f->table);
+	snprintf(p->exchange, sizeof(p->exchange), "%s", f->exchange);
+	snprintf(p->prefix, sizeof(p->prefix), "%s", prefix);
+	p->chunk = chunk;
+	p->pause_ms = pause_ms;
+	p->max_rows = max_rows;
+	atomic_init(&p->committed, 0);
+	atomic_init(&p->stop, false);
+	cr_assert_eq(pthread_create(&p->thread, NULL, producer_main, p), 0);
+	return p;
+}
+
+size_t fault_producer_committed(struct fault_producer *p)
+{
+	return atomic_load(&p->committed);
+}
+
+size_t fault_producer_stop(struct fault_producer *p)
+{
+	size_t n;
+
+	atomic_store(&p->stop, true);
+	pthread_join(p->thread, NULL);
+	n = atomic_load(&p->committed);
+	free(p);
+	return n;
+}
