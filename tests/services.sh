@@ -69,6 +69,49 @@ show_log() {
 	done
 }
 
+# Test PKI under DIR/tls: a CA, a server certificate for localhost and 127.0.0.1, a client
+# certificate from the same CA, and a second, unrelated CA that must never verify the server.
+# P-256 keys keep generation fast; 30 days is longer than any test run.
+make_tls() {
+	local t=$dir/tls
+	mkdir -p "$t"
+	chmod 755 "$t"
+	# errexit does not hold inside a subshell that is the left side of ||, so the last command
+	# checks the result: both leaf certificates must verify against the test CA.
+	(
+		cd "$t" || exit 1
+		umask 077
+		for ca in ca wrong-ca; do
+			openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+				-nodes -keyout "$ca.key" -out "$ca.pem" -days 30 \
+				-subj "/CN=outbox-relay test $ca" \
+				-addext "basicConstraints=critical,CA:TRUE" \
+				-addext "keyUsage=critical,keyCertSign,cRLSign"
+		done
+		{
+			echo 'basicConstraints=CA:FALSE'
+			echo 'keyUsage=critical,digitalSignature,keyEncipherment'
+			echo 'extendedKeyUsage=serverAuth'
+			echo 'subjectAltName=DNS:localhost,IP:127.0.0.1'
+		} >server.ext
+		printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n' >client.ext
+		printf 'extendedKeyUsage=clientAuth\n' >>client.ext
+		for leaf in server client; do
+			openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+				-keyout "$leaf.key" -out "$leaf.csr" -subj "/CN=localhost"
+			openssl x509 -req -in "$leaf.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
+				-days 30 -extfile "$leaf.ext" -out "$leaf.pem"
+		done
+		rm -f ./*.csr ./*.ext ca.srl
+		# Certificates are public; the private keys stay readable by root only.
+		chmod 644 ./*.pem
+		[ -s wrong-ca.pem ] && openssl verify -CAfile ca.pem server.pem client.pem
+	) >"$dir/tls.log" 2>&1 || {
+		show_log "$dir/tls.log"
+		die "could not create the test certificates"
+	}
+}
+
 start_pg() {
 	local bindir=$1 port=$2 pgdir=$dir/pg
 	mkdir -p "$pgdir"
@@ -92,7 +135,13 @@ fsync = off
 synchronous_commit = on
 full_page_writes = off
 log_min_messages = warning
+ssl = on
+ssl_cert_file = '$dir/tls/server.pem'
+ssl_key_file = '$pgdir/server.key'
+ssl_ca_file = '$dir/tls/ca.pem'
 EOF
+	# PostgreSQL refuses a key that others can read; its own copy belongs to postgres, 0600.
+	install -o postgres -g postgres -m 600 "$dir/tls/server.key" "$pgdir/server.key"
 	# Wrapper used by restart tests; -l keeps the server off the caller's stdout, which
 	# would otherwise keep a test's pipe open for the postmaster's whole life.
 	cat >"$dir/bin/pg_ctl" <<EOF
@@ -107,11 +156,21 @@ EOF
 }
 
 start_rmq() {
-	local bindir=$1 amqp_port=$2 dist_port=$3 epmd_port=$4 rdir=$dir/rmq
+	local bindir=$1 amqp_port=$2 dist_port=$3 epmd_port=$4 amqps_port=$5 rdir=$dir/rmq
 	local node="relaytest-$$@localhost"
 	mkdir -p "$rdir/mnesia" "$rdir/log"
 	echo "[]." >"$rdir/enabled_plugins"
-	echo "loopback_users = none" >"$rdir/rabbitmq.conf"
+	# The TLS listener asks for a client certificate and checks any it gets against the test
+	# CA, but also lets clients in without one.
+	cat >"$rdir/rabbitmq.conf" <<EOF
+loopback_users = none
+listeners.ssl.default = 127.0.0.1:$amqps_port
+ssl_options.cacertfile = $dir/tls/ca.pem
+ssl_options.certfile = $dir/tls/server.pem
+ssl_options.keyfile = $dir/tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false
+EOF
 	# Everything the node and its CLI tools read comes from this file, so the start, stop and
 	# ctl wrappers all talk to this node and its own epmd, never to another one.
 	cat >"$rdir/node.env" <<EOF
@@ -156,7 +215,7 @@ EOF
 }
 
 do_start() {
-	local pgbin rbin pg_port amqp_port dist_port epmd_port
+	local pgbin rbin pg_port amqp_port dist_port epmd_port amqps_port
 	pgbin=$(pg_bindir)
 	rbin=$(rmq_bindir)
 	[ "$(id -u)" -eq 0 ] || die "must run as root (PostgreSQL is run as the postgres user)"
@@ -172,11 +231,15 @@ do_start() {
 	dist_port=$REPLY
 	free_port
 	epmd_port=$REPLY
+	free_port
+	amqps_port=$REPLY
 	# Written first, so that stop can clean up after a start that failed half way.
-	write_env "$pg_port" "$amqp_port" "$dist_port" "$epmd_port"
+	write_env "$pg_port" "$amqp_port" "$dist_port" "$epmd_port" "$amqps_port"
+	make_tls
 	start_pg "$pgbin" "$pg_port"
-	start_rmq "$rbin" "$amqp_port" "$dist_port" "$epmd_port"
-	echo "services.sh: PostgreSQL on 127.0.0.1:$pg_port, RabbitMQ on 127.0.0.1:$amqp_port; env in $dir/env"
+	start_rmq "$rbin" "$amqp_port" "$dist_port" "$epmd_port" "$amqps_port"
+	echo "services.sh: PostgreSQL on 127.0.0.1:$pg_port (TLS on), RabbitMQ on" \
+		"127.0.0.1:$amqp_port (TLS on $amqps_port); env in $dir/env"
 }
 
 write_env() {
@@ -196,6 +259,9 @@ export RELAY_TEST_RABBITMQ_DIR='$dir/rmq'
 export RELAY_TEST_RABBITMQCTL='$dir/bin/rabbitmqctl'
 export RELAY_TEST_RABBITMQ_START='$dir/bin/rabbitmq-start'
 export RELAY_TEST_RABBITMQ_STOP='$dir/bin/rabbitmq-stop'
+export RELAY_TEST_AMQPS='amqps://guest:guest@localhost:$5'
+export RELAY_TEST_AMQPS_PORT=$5
+export RELAY_TEST_TLS_DIR='$dir/tls'
 EOF
 }
 
