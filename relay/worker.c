@@ -46,7 +46,16 @@ struct worker {
 	struct broker *broker;
 	struct endpoint_state db, mq;
 
-	struct store_batch batch;
+	/* Two batches: the one being published (cur) and the next, claimed while the broker
+	 * confirms the current one. */
+	struct store_batch batches[2];
+	int cur;
+	/* A mark of the previous batch's confirmed rows is on the wire (store_mark_published_send)
+	 * while the current batch is being published; its ids are still in published[]. */
+	bool marking;
+	size_t n_marking;
+	int64_t marking_t0_us;
+
 	size_t cap; /* capacity of the arrays below */
 	struct broker_message *msgs;
 	struct broker_result *res;
@@ -369,24 +378,29 @@ static void log_failure(struct worker *w, const struct store_row *row,
 	}
 }
 
-/* Publishes the claimed batch and settles every row: published, failed (charged), dead, or
- * released. Returns false when a connection failed (the caller reconnects). */
-static bool relay_batch(struct worker *w)
+/* Reads the answer to the mark sent at the end of the previous cycle. On failure the ids are
+ * kept to be marked after reconnecting. */
+static int finish_mark(struct worker *w)
 {
-	const struct config *cfg = w->cfg;
-	struct store_batch *b = &w->batch;
-	size_t n = b->n, n_pub = 0, n_rel = 0, n_fail = 0;
-	int64_t t0 = clock_mono_us();
-	int brc, rc;
-	bool ok = true;
+	int rc;
 
-	if (grow(w, n) < 0) {
-		/* Nothing to release them with: the rows come back when their lease ends. */
-		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease",
-		          (char *)NULL);
-		return true;
+	if (!w->marking)
+		return 0;
+	w->marking = false;
+	rc = store_mark_published_recv(w->store);
+	if (rc < 0) {
+		owe_marks(w, w->published, w->n_marking);
+		db_failed(w, rc, "marking rows published");
+		return rc;
 	}
-	for (size_t i = 0; i < n; i++) {
+	atomic_fetch_add_explicit(&g_metrics.published, w->n_marking, memory_order_relaxed);
+	metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - w->marking_t0_us));
+	return 0;
+}
+
+static void prepare(struct worker *w, const struct store_batch *b)
+{
+	for (size_t i = 0; i < b->n; i++) {
 		const struct store_row *r = &b->rows[i];
 		struct broker_message *m = &w->msgs[i];
 
@@ -404,13 +418,16 @@ static bool relay_batch(struct worker *w)
 		w->res[i].error[0] = '\0';
 		w->res[i].confirm_us = 0;
 	}
-	atomic_fetch_add_explicit(&g_metrics.claimed, n, memory_order_relaxed);
+}
 
-	brc = broker_publish(w->broker, w->msgs, n, w->res);
-	if (brc == BROKER_OK)
-		brc = broker_confirm(w->broker, w->msgs, n, w->res);
+/* Sorts every row of b by the broker's answer into published[], failures[] and released[];
+ * logs and counts the failures. */
+static void classify(struct worker *w, const struct store_batch *b, size_t *n_pub,
+                     size_t *n_fail, size_t *n_rel)
+{
+	const struct config *cfg = w->cfg;
 
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < b->n; i++) {
 		const struct store_row *r = &b->rows[i];
 		struct broker_result *res = &w->res[i];
 		struct store_failure *f;
@@ -418,14 +435,14 @@ static bool relay_batch(struct worker *w)
 
 		switch (res->outcome) {
 		case BROKER_ACKED:
-			w->published[n_pub++] = r->id;
+			w->published[(*n_pub)++] = r->id;
 			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);
 			break;
 		case BROKER_PENDING:
-			w->released[n_rel++] = r->id;
+			w->released[(*n_rel)++] = r->id;
 			break;
 		default:
-			f = &w->failures[n_fail++];
+			f = &w->failures[(*n_fail)++];
 			attempts = r->attempts + 1;
 			f->id = r->id;
 			f->error = res->error;
@@ -444,22 +461,68 @@ static bool relay_batch(struct worker *w)
 			break;
 		}
 	}
+}
 
-	if (brc < 0) {
-		broker_failed(w, brc);
-		ok = false;
+/* One turn of the pipeline. The current batch is published; meanwhile the database finishes
+ * marking the previous batch and claims the next one, so the broker and the database work at
+ * the same time. Then every row of the current batch is settled: failures and releases are
+ * written at once (they are rare), the confirmed rows' mark is sent and read next turn. */
+static void cycle(struct worker *w)
+{
+	struct store_batch *x = &w->batches[w->cur];
+	struct store_batch *next = &w->batches[1 - w->cur];
+	size_t n_pub = 0, n_fail = 0, n_rel = 0;
+	int64_t t0 = clock_mono_us();
+	bool db_ok = true, claiming = false;
+	int brc, rc;
+
+	next->n = 0;
+	if (grow(w, x->n + (size_t)w->cfg->relay_batch_size) < 0) {
+		/* Nothing to release them with: the rows come back when their lease ends. */
+		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease",
+		          (char *)NULL);
+		x->n = 0;
+		return;
+	}
+	prepare(w, x);
+	atomic_fetch_add_explicit(&g_metrics.claimed, x->n, memory_order_relaxed);
+
+	brc = broker_publish(w->broker, w->msgs, x->n, w->res);
+	if (finish_mark(w) < 0)
+		db_ok = false;
+	if (db_ok && brc == BROKER_OK && !atomic_load(&w->relay->stopping)) {
+		rc = store_claim_send(w->store, false);
+		if (rc < 0) {
+			db_failed(w, rc, "claiming rows");
+			db_ok = false;
+		} else {
+			claiming = true;
+		}
+	}
+	if (brc == BROKER_OK)
+		brc = broker_confirm(w->broker, w->msgs, x->n, w->res);
+	if (claiming) {
+		rc = store_claim_recv(w->store, next);
+		if (rc < 0) {
+			db_failed(w, rc, "claiming rows");
+			db_ok = false;
+			next->n = 0;
+		}
 	}
 
-	/* Confirmed rows first: they are the ones a crash here would publish twice. */
-	if (n_pub) {
-		rc = store_mark_published(w->store, w->published, n_pub,
-		                          cfg->relay_retention_ms == 0);
-		if (rc < 0) {
-			owe_marks(w, w->published, n_pub);
-			db_failed(w, rc, "marking rows published");
-			return false;
-		}
-		atomic_fetch_add_explicit(&g_metrics.published, n_pub, memory_order_relaxed);
+	classify(w, x, &n_pub, &n_fail, &n_rel);
+	if (brc < 0) {
+		broker_failed(w, brc);
+		/* The next batch cannot be published before the broker is back: hand it back now
+		 * rather than after its lease. */
+		for (size_t i = 0; i < next->n; i++)
+			w->released[n_rel++] = next->rows[i].id;
+		next->n = 0;
+	}
+	x->n = 0;
+	if (!db_ok) {
+		owe_marks(w, w->published, n_pub);
+		return;
 	}
 	if (n_fail) {
 		rc = store_mark_failed(w->store, w->failures, n_fail, NULL);
@@ -469,20 +532,36 @@ static bool relay_batch(struct worker *w)
 			log_event(LOG_WARN, w->component,
 			          "could not record failed rows, they return when their lease ends",
 			          "error", store_errmsg(w->store), (char *)NULL);
+			owe_marks(w, w->published, n_pub);
 			db_failed(w, rc, "marking rows failed");
-			return false;
+			next->n = 0;
+			return;
 		}
 	}
 	if (n_rel) {
 		rc = store_release(w->store, w->released, n_rel);
 		if (rc < 0) {
+			owe_marks(w, w->published, n_pub);
 			db_failed(w, rc, "releasing leases");
-			return false;
+			next->n = 0;
+			return;
 		}
 		atomic_fetch_add_explicit(&g_metrics.released, n_rel, memory_order_relaxed);
 	}
-	metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - t0));
-	return ok;
+	if (n_pub) {
+		rc = store_mark_published_send(w->store, w->published, n_pub,
+		                               w->cfg->relay_retention_ms == 0);
+		if (rc < 0) {
+			owe_marks(w, w->published, n_pub);
+			db_failed(w, rc, "marking rows published");
+			next->n = 0;
+			return;
+		}
+		w->marking = true;
+		w->n_marking = n_pub;
+		w->marking_t0_us = t0;
+	}
+	w->cur = 1 - w->cur;
 }
 
 /* ---- the loop ---- */
@@ -495,6 +574,7 @@ static void worker_loop(struct worker *w)
 	int rc;
 
 	while (!atomic_load(&w->relay->stopping)) {
+		struct store_batch *x = &w->batches[w->cur];
 		bool db_ok, mq_ok;
 
 		set_tick(w);
@@ -510,43 +590,43 @@ static void worker_loop(struct worker *w)
 			wait_for_work(w, next);
 			continue;
 		}
+		if (x->n > 0) {
+			/* Any non-empty batch claims again at once: under load the loop never sleeps,
+			 * so it never arms the flag and producers never pay for a NOTIFY. */
+			cycle(w);
+			continue;
+		}
+		/* The pipeline ran dry: settle the last mark before using the connection again. */
+		if (finish_mark(w) < 0)
+			continue;
 		if (w->n_owed && pay_owed(w) < 0)
 			continue;
 
-		rc = store_claim(w->store, disarm || w->armed, &w->batch);
+		rc = store_claim(w->store, disarm || w->armed, x);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			continue;
 		}
-		if (disarm || w->armed)
-			w->armed = false;
+		w->armed = false;
 		disarm = false;
+		if (x->n > 0)
+			continue;
 
-		if (w->batch.n > 0) {
-			/* Any non-empty batch claims again at once: under load the loop never sleeps,
-			 * so it never arms the flag and producers never pay for a NOTIFY. */
-			relay_batch(w);
+		/* Arm, then claim once more before sleeping: a row committed just before the flag
+		 * was armed did not notify, but that claim sees it. */
+		rc = store_arm(w->store, arm_ttl);
+		if (rc < 0) {
+			db_failed(w, rc, "arming the wake-up");
 			continue;
 		}
-		if (!w->armed) {
-			/* Arm, then claim once more before sleeping: a row committed just before the
-			 * flag was armed did not notify, but that claim sees it. */
-			rc = store_arm(w->store, arm_ttl);
-			if (rc < 0) {
-				db_failed(w, rc, "arming the wake-up");
-				continue;
-			}
-			w->armed = true;
-			rc = store_claim(w->store, false, &w->batch);
-			if (rc < 0) {
-				db_failed(w, rc, "claiming rows");
-				continue;
-			}
-			if (w->batch.n > 0) {
-				relay_batch(w);
-				continue;
-			}
+		w->armed = true;
+		rc = store_claim(w->store, false, x);
+		if (rc < 0) {
+			db_failed(w, rc, "claiming rows");
+			continue;
 		}
+		if (x->n > 0)
+			continue;
 		wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
 	}
 }
@@ -558,10 +638,23 @@ void *worker_main(void *arg)
 	set_tick(w);
 	worker_loop(w);
 
-	/* Orderly shutdown: confirmed rows are marked, unanswered rows were released inside
-	 * relay_batch(); whatever is owed is paid if the database lets us. */
-	if (w->n_owed && store_connected(w->store))
-		(void)pay_owed(w);
+	/* Orderly shutdown: the last mark is read, a batch claimed but not yet published is handed
+	 * back, and whatever is owed is paid if the database lets us. */
+	if (store_connected(w->store) && finish_mark(w) == 0) {
+		struct store_batch *x = &w->batches[w->cur];
+
+		if (x->n > 0 && grow(w, x->n) == 0) {
+			for (size_t i = 0; i < x->n; i++)
+				w->released[i] = x->rows[i].id;
+			if (store_release(w->store, w->released, x->n) < 0)
+				log_event(LOG_WARN, w->component,
+				          "could not release leases, they expire by themselves", "error",
+				          store_errmsg(w->store), (char *)NULL);
+		}
+		x->n = 0;
+		if (w->n_owed && pay_owed(w) < 0)
+			log_event(LOG_WARN, w->component, "could not mark confirmed rows", (char *)NULL);
+	}
 	if (w->n_owed)
 		log_event(LOG_WARN, w->component,
 		          "exiting with confirmed rows unmarked; they will be published again after "
@@ -611,7 +704,8 @@ struct worker *worker_new(struct relay *r, int index)
 	w->bopts.connection_name = w->app_name;
 	w->bopts.abort_at_ms = &r->abort_at_ms;
 
-	store_batch_init(&w->batch);
+	store_batch_init(&w->batches[0]);
+	store_batch_init(&w->batches[1]);
 	w->store = store_new(&w->sopts);
 	w->broker = broker_new(&w->bopts);
 	if (!w->store || !w->broker) {
@@ -627,7 +721,8 @@ void worker_free(struct worker *w)
 		return;
 	store_free(w->store);
 	broker_free(w->broker);
-	store_batch_free(&w->batch);
+	store_batch_free(&w->batches[0]);
+	store_batch_free(&w->batches[1]);
 	free(w->msgs);
 	free(w->res);
 	free(w->published);
