@@ -1,0 +1,420 @@
+/* What an operator sees of a running relay: /metrics against what a consumer really got,
+ * `outbox-relay healthcheck`, JSON logs that parse line by line, and passwords that never
+ * show up in logs, `config show`, start-up errors or /metrics. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/support/consumer.h"
+#include "tests/support/harness.h"
+
+/* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
+#define DELIVERY_TIMEOUT_MS 120000
+#define EXIT_TIMEOUT_MS 30000
+/* The maintenance loop refreshes the table gauges every 5 s. */
+#define GAUGE_TIMEOUT_MS 30000
+#define ROWS 30
+
+struct op {
+	char table[48], exchange[64], queue[64];
+	char listen[64], e_listen[96];
+	PGconn *pg;
+	struct consumer *cons;
+	struct harness_relay *relay;
+};
+
+/* A loopback port nobody listens on right now (the kernel picks it). */
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	cr_assert(fd >= 0, "socket: %s", strerror(errno));
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static void op_setup(struct op *t, const char *prefix)
+{
+	memset(t, 0, sizeof(*t));
+	harness_unique_name(t->table, sizeof(t->table), prefix);
+	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
+	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
+	snprintf(t->listen, sizeof(t->listen), "127.0.0.1:%d", free_port());
+	snprintf(t->e_listen, sizeof(t->e_listen), "OUTBOX_HTTP_LISTEN=%s", t->listen);
+	t->pg = harness_pg_connect();
+	harness_migrate(t->table);
+	t->cons = consumer_start(harness_amqp_url(), t->queue, t->exchange, "topic", "#");
+}
+
+/* Stops the relay if the test has not; an orderly exit must be status 0. */
+static void op_teardown(struct op *t)
+{
+	if (t->relay != NULL) {
+		int st = harness_relay_stop(t->relay, SIGTERM, EXIT_TIMEOUT_MS);
+
+		if (st != 0)
+			harness_relay_dump_log(t->relay);
+		cr_expect_eq(st, 0, "relay exited with %d at the end of the test", st);
+		harness_relay_free(t->relay);
+	}
+	consumer_stop(t->cons);
+	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
+	PQfinish(t->pg);
+}
+
+/* ROWS routable rows and one that no queue is bound for. */
+static void insert_workload(struct op *t, const char *unroutable_id)
+{
+	harness_insert_rows(t->pg, t->table, ROWS, t->exchange, "op.created", "op", NULL, NULL);
+	harness_pg_exec(t->pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body) "
+	                "VALUES ('%s', 'amq.direct', 'nobody.listens.%s', '{}')",
+	                t->table, unroutable_id, t->table);
+}
+
+static void expect_delivered(struct op *t, size_t n)
+{
+	if (consumer_wait_unique(t->cons, n, DELIVERY_TIMEOUT_MS))
+		return;
+	harness_relay_dump_log(t->relay);
+	cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(t->cons), n);
+}
+
+/* ---- a tiny HTTP client ---- */
+
+struct http_reply {
+	int status;  /* -1 when nothing answered */
+	char *body;  /* never NULL; free() */
+};
+
+static struct http_reply http_get(const char *listen, const char *path)
+{
+	struct http_reply r = { -1, NULL };
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	const char *colon = strrchr(listen, ':');
+	char req[256], *buf, *body;
+	size_t len = 0, cap = 1 << 20;
+	int fd;
+
+	buf = calloc(1, cap);
+	cr_assert_not_null(buf);
+	cr_assert_not_null(colon);
+	a.sin_port = htons((uint16_t)strtol(colon + 1, NULL, 10));
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert(fd >= 0);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+		int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path,
+		                 listen);
+
+		cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+		for (;;) {
+			ssize_t got = recv(fd, buf + len, cap - 1 - len, 0);
+
+			if (got <= 0)
+				break;
+			len += (size_t)got;
+			cr_assert_lt(len, cap - 1, "HTTP response too large");
+		}
+	}
+	close(fd);
+	buf[len] = '\0';
+	if (len > 12 && strncmp(buf, "HTTP/1.", 7) == 0)
+		r.status = (int)strtol(buf + 9, NULL, 10);
+	body = strstr(buf, "\r\n\r\n");
+	r.body = strdup(body ? body + 4 : "");
+	cr_assert_not_null(r.body);
+	free(buf);
+	return r;
+}
+
+static bool ready(void *arg)
+{
+	struct http_reply r = http_get(arg, "/readyz");
+	bool ok = r.status == 200;
+
+	free(r.body);
+	return ok;
+}
+
+static void wait_ready(struct op *t)
+{
+	if (!harness_wait_until(ready, t->listen, 60000)) {
+		harness_relay_dump_log(t->relay);
+		cr_assert_fail("/readyz never answered 200");
+	}
+}
+
+/* The value of the sample whose name (with labels) is exactly series; -1 when absent. */
+static double sample(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+	const char *p = text;
+
+	while ((p = strstr(p, series)) != NULL) {
+		if ((p == text || p[-1] == '\n') && p[n] == ' ')
+			return strtod(p + n + 1, NULL);
+		p += n;
+	}
+	return -1;
+}
+
+static char *scrape(struct op *t)
+{
+	struct http_reply r = http_get(t->listen, "/metrics");
+
+	cr_assert_eq(r.status, 200, "/metrics answered %d", r.status);
+	return r.body;
+}
+
+struct settle {
+	struct op *t;
+	double published;
+};
+
+/* The metrics have caught up: the unroutable row was counted and went dead, the gauges were
+ * refreshed since, and every delivery the consumer saw is a counted confirm. */
+static bool settled(void *arg)
+{
+	struct settle *s = arg;
+	char *m = scrape(s->t);
+	bool ok = sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
+	          sample(m, "outbox_relay_dead_rows") == 1 &&
+	          sample(m, "outbox_relay_pending_rows") == 0 &&
+	          sample(m, "outbox_relay_published_total") ==
+	                  (double)consumer_received(s->t->cons);
+
+	s->published = sample(m, "outbox_relay_published_total");
+	free(m);
+	return ok;
+}
+
+Test(operability, metrics_match_what_was_delivered, .timeout = 300)
+{
+	struct op t;
+	struct settle s;
+	struct harness_output o;
+	char *m;
+
+	op_setup(&t, "op_metrics");
+	insert_workload(&t, "op-unroutable");
+	t.relay = harness_relay_start(t.table, (const char *const[]){
+		t.e_listen, "OUTBOX_RELAY_MAX_ATTEMPTS=1", "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+		NULL }, NULL);
+	wait_ready(&t);
+	expect_delivered(&t, ROWS);
+
+	s.t = &t;
+	s.published = -1;
+	if (!harness_wait_until(settled, &s, GAUGE_TIMEOUT_MS)) {
+		m = scrape(&t);
+		harness_relay_dump_log(t.relay);
+		cr_assert_fail("metrics never settled (consumer got %zu, published %.0f):\n%s",
+		               consumer_received(t.cons), s.published, m);
+	}
+	m = scrape(&t);
+	cr_assert_eq(sample(m, "outbox_relay_published_total"), (double)consumer_received(t.cons));
+	cr_assert_eq(sample(m, "outbox_relay_published_total"), ROWS, "%s", m);
+	cr_assert_geq(sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 1, "%s", m);
+	cr_assert_geq(sample(m, "outbox_relay_claimed_total"), ROWS + 1, "%s", m);
+	cr_assert_geq(sample(m, "outbox_relay_dead_total"), 1, "%s", m);
+	cr_assert_gt(sample(m, "outbox_relay_batch_duration_seconds_count"), 0, "%s", m);
+	cr_assert_gt(sample(m, "outbox_relay_confirm_latency_seconds_count"), 0, "%s", m);
+	cr_assert_eq(sample(m, "outbox_relay_batch_duration_seconds_bucket{le=\"+Inf\"}"),
+	             sample(m, "outbox_relay_batch_duration_seconds_count"), "%s", m);
+	cr_assert_not_null(strstr(m, "\noutbox_relay_build_info{version=\""), "%s", m);
+	cr_assert_eq(sample(m, "outbox_relay_database_up"), 1, "%s", m);
+	cr_assert_eq(sample(m, "outbox_relay_broker_up"), 1, "%s", m);
+	cr_assert_eq(sample(m, "outbox_relay_dead_rows"), 1, "%s", m);
+	cr_assert_eq(sample(m, "outbox_relay_pending_rows"), 0, "%s", m);
+	cr_assert_geq(sample(m, "outbox_relay_oldest_pending_age_seconds"), 0, "%s", m);
+	free(m);
+	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 1 AND id = 'op-unroutable'", t.table),
+	             1, "the unroutable row is the dead one");
+
+	/* The container health check asks the same relay. */
+	harness_cli(&o, t.table, (const char *const[]){ t.e_listen, NULL }, "healthcheck", NULL);
+	cr_assert_eq(o.status, 0, "healthcheck exited %d: %s", o.status, o.err);
+	cr_assert_str_eq(o.out, "ready\n");
+	harness_output_free(&o);
+	op_teardown(&t);
+}
+
+Test(operability, healthcheck_fails_when_nothing_listens, .timeout = 60)
+{
+	struct harness_output o;
+	char e_listen[96];
+
+	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=127.0.0.1:%d", free_port());
+	harness_cli(&o, NULL, (const char *const[]){ e_listen, NULL }, "healthcheck", NULL);
+	cr_assert_eq(o.status, 1, "healthcheck exited %d: %s", o.status, o.err);
+	cr_assert_not_null(strstr(o.err, "could not connect"), "stderr: %s", o.err);
+	cr_assert_eq(strchr(o.err, '\n'), o.err + strlen(o.err) - 1, "one line: %s", o.err);
+	harness_output_free(&o);
+}
+
+/* ---- JSON logs ---- */
+
+Test(operability, json_logs_parse_line_by_line, .timeout = 300)
+{
+	static const char *const levels[] = { "debug", "info", "warn", "error" };
+	struct op t;
+	char *log, *line, *next;
+	size_t lines = 0, warn = 0, error = 0, stopped = 0;
+	int st;
+
+	op_setup(&t, "op_json");
+	insert_workload(&t, "op-json-unroutable");
+	/* Debug adds the most kinds of lines; two attempts give a failure and then a death. */
+	t.relay = harness_relay_start(t.table, (const char *const[]){
+		t.e_listen, "OUTBOX_LOG_FORMAT=json", "OUTBOX_LOG_LEVEL=debug",
+		"OUTBOX_RELAY_MAX_ATTEMPTS=2", "OUTBOX_RELAY_RETRY_BACKOFF_MIN=100ms",
+		"OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	expect_delivered(&t, ROWS);
+	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 2", t.table) == 1,
+	             60000);
+	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 2", t.table),
+	             1, "the unroutable row never went dead");
+	st = harness_relay_stop(t.relay, SIGTERM, EXIT_TIMEOUT_MS);
+	cr_assert_eq(st, 0, "relay exited with %d", st);
+
+	log = harness_relay_log(t.relay);
+	/* Every line, empty ones included: an empty line is not a JSON object either. */
+	for (line = log; *line != '\0'; line = next) {
+		json_error_t jerr;
+		json_t *o;
+		const char *level;
+		bool known = false;
+
+		next = strchr(line, '\n');
+		cr_assert_not_null(next, "the last line is not terminated: %s", line);
+		*next++ = '\0';
+		o = json_loads(line, 0, &jerr);
+		lines++;
+		cr_assert_not_null(o, "line %zu is not JSON (%s): %s", lines, jerr.text, line);
+		cr_assert(json_is_object(o), "line %zu is not an object: %s", lines, line);
+		cr_assert(json_is_string(json_object_get(o, "ts")), "no ts: %s", line);
+		cr_assert(json_is_string(json_object_get(o, "component")), "no component: %s",
+		          line);
+		cr_assert(json_is_string(json_object_get(o, "msg")), "no msg: %s", line);
+		level = json_string_value(json_object_get(o, "level"));
+		cr_assert_not_null(level, "no level: %s", line);
+		for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+			known = known || strcmp(level, levels[i]) == 0;
+		cr_assert(known, "unknown level: %s", line);
+		warn += strcmp(level, "warn") == 0;
+		error += strcmp(level, "error") == 0;
+		stopped += strcmp(json_string_value(json_object_get(o, "msg")), "stopped") == 0;
+		json_decref(o);
+	}
+	free(log);
+	cr_assert_geq(lines, 5, "only %zu log lines", lines);
+	cr_assert_geq(warn, 1, "the failed publish was not logged at warn");
+	cr_assert_geq(error, 1, "the dead row was not logged at error");
+	cr_assert_eq(stopped, 1, "the shutdown was not logged");
+	harness_relay_free(t.relay);
+	t.relay = NULL;
+	op_teardown(&t);
+}
+
+/* ---- secrets ---- */
+
+#define PG_SECRET "pg-Secret-4f7d2"
+#define AMQP_SECRET "amqp-Secret-9c1e8"
+
+static void expect_no_secret(const char *what, const char *text)
+{
+	cr_assert_null(strstr(text, PG_SECRET), "%s shows the database password:\n%s", what,
+	               text);
+	cr_assert_null(strstr(text, AMQP_SECRET), "%s shows the broker password:\n%s", what,
+	               text);
+}
+
+Test(operability, passwords_never_shown, .timeout = 300)
+{
+	const char *ctl = harness_require_env("RELAY_TEST_RABBITMQCTL");
+	struct op t;
+	struct harness_output o;
+	char user[64], e_db[512], e_amqp[512], *text;
+	int st;
+
+	op_setup(&t, "op_secret");
+	/* A broker user of our own, so the AMQP password is one that appears nowhere else. */
+	harness_unique_name(user, sizeof(user), "relayuser");
+	cr_assert_eq(harness_shell("'%s' add_user '%s' '%s' >/dev/null", ctl, user, AMQP_SECRET),
+	             0);
+	cr_assert_eq(harness_shell("'%s' set_permissions -p / '%s' '.*' '.*' '.*' >/dev/null",
+	                           ctl, user),
+	             0);
+	/* The test server trusts loopback, so the database password is accepted and unused. */
+	snprintf(e_db, sizeof(e_db),
+	         "OUTBOX_DATABASE_URL=postgresql://postgres:" PG_SECRET "@127.0.0.1:%s/postgres",
+	         harness_require_env("RELAY_TEST_PG_PORT"));
+	snprintf(e_amqp, sizeof(e_amqp), "OUTBOX_AMQP_URL=amqp://%s:" AMQP_SECRET "@127.0.0.1:%d",
+	         user, harness_amqp_port());
+
+	harness_insert_rows(t.pg, t.table, 5, t.exchange, "op.secret", "sec", NULL, NULL);
+	t.relay = harness_relay_start(t.table, (const char *const[]){
+		e_db, e_amqp, t.e_listen, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	wait_ready(&t);
+	expect_delivered(&t, 5); /* both passwords worked */
+
+	text = scrape(&t);
+	expect_no_secret("/metrics", text);
+	free(text);
+
+	harness_cli(&o, t.table, (const char *const[]){ e_db, e_amqp, NULL }, "config", "show",
+	            NULL);
+	cr_assert_eq(o.status, 0, "config show exited %d: %s", o.status, o.err);
+	expect_no_secret("config show", o.out);
+	expect_no_secret("config show's stderr", o.err);
+	cr_assert_not_null(strstr(o.out, "postgresql://postgres:***@127.0.0.1:"), "%s", o.out);
+	cr_assert_not_null(strstr(o.out, ":***@127.0.0.1:"), "%s", o.out);
+	cr_assert_not_null(strstr(o.out, user), "%s", o.out);
+	harness_output_free(&o);
+
+	harness_cli(&o, t.table, (const char *const[]){ e_db, e_amqp,
+		"OUTBOX_RELAY_BATCH_SIZE=0", NULL }, "run", NULL);
+	cr_assert_eq(o.status, 2, "a bad batch size must stop the start: %s", o.err);
+	cr_assert_not_null(strstr(o.err, "relay.batch_size"), "%s", o.err);
+	expect_no_secret("a failed start", o.err);
+	expect_no_secret("a failed start's stdout", o.out);
+	harness_output_free(&o);
+
+	/* A URL that fails validation is reported without its value. */
+	harness_cli(&o, t.table, (const char *const[]){ e_db,
+		"OUTBOX_AMQP_URL=ampq://x:" AMQP_SECRET "@127.0.0.1:5672", NULL }, "run", NULL);
+	cr_assert_eq(o.status, 2, "a bad amqp.url must stop the start: %s", o.err);
+	cr_assert_not_null(strstr(o.err, "amqp.url"), "%s", o.err);
+	expect_no_secret("a failed start", o.err);
+	harness_output_free(&o);
+
+	st = harness_relay_stop(t.relay, SIGTERM, EXIT_TIMEOUT_MS);
+	cr_assert_eq(st, 0, "relay exited with %d", st);
+	text = harness_relay_log(t.relay);
+	expect_no_secret("the relay's log", text);
+	cr_assert_not_null(strstr(text, "postgresql://postgres:***@"), "%s", text);
+	cr_assert_not_null(strstr(text, ":***@127.0.0.1:"), "%s", text);
+	free(text);
+	harness_relay_free(t.relay);
+	t.relay = NULL;
+	(void)harness_shell("'%s' delete_user '%s' >/dev/null", ctl, user);
+	op_teardown(&t);
+}
