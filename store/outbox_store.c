@@ -440,13 +440,17 @@ static int prepare_statements(struct store *s)
 		return rc;
 
 	w = snprintf(sql, sizeof(sql),
-	             "UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
-	             " WHERE id = ANY($1::text[]) AND published_at IS NULL",
+	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
+	             " UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
+	             " FROM durable WHERE id = ANY($1::text[]) AND published_at IS NULL",
 	             t);
 	if ((rc = prepare_one(s, ST_MARK, 1, sql, w)) != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE id = ANY($1::text[])", t);
+	w = snprintf(sql, sizeof(sql),
+	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
+	             " DELETE FROM %s USING durable WHERE id = ANY($1::text[])",
+	             t);
 	if ((rc = prepare_one(s, ST_DELETE, 1, sql, w)) != 0)
 		return rc;
 
@@ -616,8 +620,13 @@ int store_connect(struct store *s)
 	 * missing or stale statistics (a bulk load before autoanalyze) the planner prefers a
 	 * bitmap scan of every pending row plus a sort, measured at 30x the time on a 100,000
 	 * row backlog. None of this connection's statements needs a sort or a bitmap scan, so
-	 * they are taken off the table here rather than left to the estimates. */
-	res = PQexec(s->conn, "SET enable_bitmapscan = off; SET enable_sort = off");
+	 * they are taken off the table here rather than left to the estimates.
+	 * The relay's own writes (leases, failures, releases) commit without waiting for the WAL
+	 * flush: a database crash can only forget some of them, which returns rows to be
+	 * published again (a duplicate, never a loss). Marks stay durable (see ST_MARK), so a
+	 * key's next row is never published while its predecessor could still come back. */
+	res = PQexec(s->conn, "SET enable_bitmapscan = off; SET enable_sort = off;"
+	                      " SET synchronous_commit = off");
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = store_result_error(s, res, "could not set up the session");
 		goto out;
