@@ -1,20 +1,16 @@
 /* What an operator sees of a running relay: /metrics against what a consumer really got,
  * `outbox-relay healthcheck`, JSON logs that parse line by line, and passwords that never
  * show up in logs, `config show`, start-up errors or /metrics. */
-#include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <errno.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "tests/support/consumer.h"
 #include "tests/support/harness.h"
+#include "tests/support/http_probe.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 120000
@@ -31,29 +27,13 @@ struct op {
 	struct harness_relay *relay;
 };
 
-/* A loopback port nobody listens on right now (the kernel picks it). */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	cr_assert(fd >= 0, "socket: %s", strerror(errno));
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0, "bind: %s", strerror(errno));
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
 static void op_setup(struct op *t, const char *prefix)
 {
 	memset(t, 0, sizeof(*t));
 	harness_unique_name(t->table, sizeof(t->table), prefix);
 	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
 	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
-	snprintf(t->listen, sizeof(t->listen), "127.0.0.1:%d", free_port());
+	snprintf(t->listen, sizeof(t->listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(t->e_listen, sizeof(t->e_listen), "OUTBOX_HTTP_LISTEN=%s", t->listen);
 	t->pg = harness_pg_connect();
 	harness_migrate(t->table);
@@ -94,57 +74,9 @@ static void expect_delivered(struct op *t, size_t n)
 	cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(t->cons), n);
 }
 
-/* ---- a tiny HTTP client ---- */
-
-struct http_reply {
-	int status;  /* -1 when nothing answered */
-	char *body;  /* never NULL; free() */
-};
-
-static struct http_reply http_get(const char *listen, const char *path)
-{
-	struct http_reply r = { -1, NULL };
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	const char *colon = strrchr(listen, ':');
-	char req[256], *buf, *body;
-	size_t len = 0, cap = 1 << 20;
-	int fd;
-
-	buf = calloc(1, cap);
-	cr_assert_not_null(buf);
-	cr_assert_not_null(colon);
-	a.sin_port = htons((uint16_t)strtol(colon + 1, NULL, 10));
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	fd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert(fd >= 0);
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
-		int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path,
-		                 listen);
-
-		cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
-		for (;;) {
-			ssize_t got = recv(fd, buf + len, cap - 1 - len, 0);
-
-			if (got <= 0)
-				break;
-			len += (size_t)got;
-			cr_assert_lt(len, cap - 1, "HTTP response too large");
-		}
-	}
-	close(fd);
-	buf[len] = '\0';
-	if (len > 12 && strncmp(buf, "HTTP/1.", 7) == 0)
-		r.status = (int)strtol(buf + 9, NULL, 10);
-	body = strstr(buf, "\r\n\r\n");
-	r.body = strdup(body ? body + 4 : "");
-	cr_assert_not_null(r.body);
-	free(buf);
-	return r;
-}
-
 static bool ready(void *arg)
 {
-	struct http_reply r = http_get(arg, "/readyz");
+	struct probe_reply r = probe_get(arg, "/readyz");
 	bool ok = r.status == 200;
 
 	free(r.body);
@@ -175,7 +107,7 @@ static double sample(const char *text, const char *series)
 
 static char *scrape(struct op *t)
 {
-	struct http_reply r = http_get(t->listen, "/metrics");
+	struct probe_reply r = probe_get(t->listen, "/metrics");
 
 	cr_assert_eq(r.status, 200, "/metrics answered %d", r.status);
 	return r.body;
@@ -260,7 +192,7 @@ Test(operability, healthcheck_fails_when_nothing_listens, .timeout = 60)
 	struct harness_output o;
 	char e_listen[96];
 
-	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=127.0.0.1:%d", free_port());
+	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=127.0.0.1:%d", probe_free_port());
 	harness_cli(&o, NULL, (const char *const[]){ e_listen, NULL }, "healthcheck", NULL);
 	cr_assert_eq(o.status, 1, "healthcheck exited %d: %s", o.status, o.err);
 	cr_assert_not_null(strstr(o.err, "could not connect"), "stderr: %s", o.err);
