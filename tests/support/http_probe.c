@@ -62,7 +62,8 @@ struct probe_reply probe_get(const char *listen, const char *path)
 				if (got <= 0)
 					break;
 				len += (size_t)got;
-				cr_assert_lt(len, PROBE_MAX_RESPONSE - 1, "HTTP response too large");
+				cr_assert_lt(len, PROBE_MAX_RESPONSE - 1,
+				             "HTTP response too large");
 			}
 		}
 	}
