@@ -138,8 +138,14 @@ static bool listen_valid(const char *s)
 static bool check_string(const struct config_key *k, const char *v)
 {
 	switch (k->check) {
-	case CONFIG_CHECK_TABLE:
-		return config_identifier_valid(v);
+	case CONFIG_CHECK_TABLE: {
+		/* The relay derives index, wake-up table and function names by appending up to 12
+		 * bytes ("_pending_idx") to the table's name, and PostgreSQL silently cuts names at
+		 * 63 bytes: a longer table name would make those collide. */
+		const char *base = strrchr(v, '.');
+
+		return config_identifier_valid(v) && strlen(base ? base + 1 : v) <= 51;
+	}
 	case CONFIG_CHECK_CHANNEL:
 		return !strchr(v, '.') && config_identifier_valid(v);
 	case CONFIG_CHECK_AMQP_URL:
@@ -187,8 +193,8 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 	}
 	switch (k->check) {
 	case CONFIG_CHECK_TABLE:
-		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, optionally "
-			 "schema-qualified (schema.table)");
+		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,50} (51 bytes at most, "
+			 "so that derived index names fit), optionally schema-qualified (schema.table)");
 		break;
 	case CONFIG_CHECK_CHANNEL:
 		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema");

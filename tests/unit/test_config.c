@@ -406,6 +406,22 @@ Test(config, channel_and_url_and_listen_checks)
 	expect_error("relay.id: got \"\"");
 }
 
+Test(config, table_name_leaves_room_for_derived_names)
+{
+	/* 51 bytes fits ("<t>_pending_idx" stays within PostgreSQL's 63); 52 does not, also
+	 * after a schema. */
+	const char *ok[] = { "database.table=app.a23456789012345678901234567890123456789012345678901" };
+	const char *bad[] = { "database.table=a234567890123456789012345678901234567890123456789012" };
+	struct config *c = load(NULL, NULL, ok, 1);
+
+	cr_assert_not_null(c);
+	config_free(c);
+	cr_assert_null(load(NULL, NULL, bad, 1));
+	cr_assert_eq(errs.n, 1);
+	expect_error("database.table: got \"a234567890123456789012345678901234567890123456789012\"");
+	expect_error("51 bytes at most");
+}
+
 Test(config, listen_forms)
 {
 	const char *ok[] = { "http.listen=:8080" };
