@@ -1,0 +1,101 @@
+/* Ordering keys under SIGKILL: relays killed in the middle of an overlapping producer
+ * workload and restarted may resend the row of a key they had just published, but never send
+ * a key's rows out of seq order, skip one or lose one. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/consumer.h"
+#include "tests/support/harness.h"
+#include "tests/support/ordering_load.h"
+
+#define DELIVERY_TIMEOUT_MS 300000
+#define EXIT_TIMEOUT_MS 30000
+#define N_RELAYS 3
+
+/* Short leases, so that a killed relay's rows come back within seconds. */
+static const char *const relay_env[] = { "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                 "OUTBOX_RELAY_BATCH_SIZE=50", "OUTBOX_RELAY_LEASE=4s",
+	                                 "OUTBOX_AMQP_CONFIRM_TIMEOUT=2s", NULL };
+
+static void restart(struct harness_relay **slot, const char *table)
+{
+	harness_relay_kill(*slot);
+	harness_relay_free(*slot);
+	*slot = harness_relay_start(table, relay_env, NULL);
+}
+
+/* Disabled until the claim holds back a keyed row whose transaction took its id before another
+ * open transaction took a lower seq of the key (see ordering/early_txid_...): that, not the
+ * kills, reorders keys in this workload today. */
+Test(ordering_kill, sigkill_never_reorders_a_key, .timeout = 800, .disabled = true)
+{
+	const size_t keys = 50, per_key = 200, n = keys * per_key;
+	/* Kill after these many unique deliveries; the rounds marked two kill two relays. */
+	const size_t at[] = { 800, 2000, 3500, 5000, 6500, 8000 };
+	const int two[] = { 0, 1, 0, 1, 0, 1 };
+	char table[48], exchange[64], queue[64];
+	struct harness_relay *relay[N_RELAYS];
+	struct ordering_load *load;
+	struct consumer *cons;
+	PGconn *pg;
+	int kills = 0;
+
+	harness_unique_name(table, sizeof(table), "ord_kill");
+	snprintf(exchange, sizeof(exchange), "%s_ex", table);
+	snprintf(queue, sizeof(queue), "%s_q", table);
+	pg = harness_pg_connect();
+	harness_migrate(table);
+	cons = consumer_start(harness_amqp_url(), queue, exchange, "topic", "#");
+	for (int i = 0; i < N_RELAYS; i++)
+		relay[i] = harness_relay_start(table, relay_env, NULL);
+
+	load = ordering_load_start(table, exchange, keys, per_key, 8, 77u);
+	for (size_t r = 0; r < sizeof(at) / sizeof(at[0]); r++) {
+		int victim = (int)(r % N_RELAYS);
+
+		if (!consumer_wait_unique(cons, at[r], DELIVERY_TIMEOUT_MS)) {
+			for (int i = 0; i < N_RELAYS; i++)
+				harness_relay_dump_log(relay[i]);
+			cr_assert_fail("only %zu messages arrived before kill round %zu",
+			               consumer_unique(cons), r);
+		}
+		restart(&relay[victim], table);
+		kills++;
+		if (two[r]) {
+			restart(&relay[(victim + 1) % N_RELAYS], table);
+			kills++;
+		}
+	}
+	ordering_load_join(load);
+
+	if (!consumer_wait_unique(cons, n, DELIVERY_TIMEOUT_MS)) {
+		for (int i = 0; i < N_RELAYS; i++)
+			harness_relay_dump_log(relay[i]);
+		cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(cons), n);
+	}
+	HARNESS_WAIT(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            table) == 0,
+	             60000);
+	cr_assert_eq(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            table),
+	             0, "rows left unpublished");
+	harness_sleep_ms(1000);
+	fprintf(stderr, "ordering_kill: %d relays killed, %zu deliveries, %zu duplicates\n", kills,
+	        consumer_received(cons), consumer_duplicates(cons));
+	ordering_check(pg, table, NULL, &cons, 1, true, "ordering_kill");
+
+	for (int i = 0; i < N_RELAYS; i++) {
+		int st = harness_relay_stop(relay[i], SIGTERM, EXIT_TIMEOUT_MS);
+
+		if (st != 0)
+			harness_relay_dump_log(relay[i]);
+		cr_expect_eq(st, 0, "relay %d exited with %d at the end of the test", i, st);
+		harness_relay_free(relay[i]);
+	}
+	consumer_stop(cons);
+	harness_pg_exec(pg, "DROP TABLE IF EXISTS %s CASCADE", table);
+	PQfinish(pg);
+}
