@@ -66,6 +66,11 @@ struct worker {
 	char **owed; /* confirmed ids not yet marked (database was away); owned copies */
 	size_t n_owed;
 
+	/* Claim floor (see store_set_claim_floor): the first seq of the previous cycle's batch,
+	 * and when the last claim without a floor ran. */
+	int64_t last_first_seq;
+	int64_t full_claim_ms;
+
 	bool armed; /* the wake-up flag is armed by us and not yet disarmed */
 	uint64_t seed;
 };
@@ -463,6 +468,28 @@ static void classify(struct worker *w, const struct store_batch *b, size_t *n_pu
 	}
 }
 
+/* Chooses where the next claim starts. Nothing below the first row of the current batch
+ * was claimable when it was claimed, and the next rows of ordering keys published by this
+ * batch or the previous one (whose mark has just committed) lie above their first rows. What
+ * else may have become claimable below that since (released or retried rows, expired delays,
+ * late commits, keys moved on by other relays) is found by a claim without a floor at least
+ * every poll interval. */
+static void set_claim_floor(struct worker *w, const struct store_batch *x)
+{
+	int64_t now = clock_mono_ms();
+	int64_t first = x->n ? x->rows[0].seq : 0;
+	int64_t floor_seq = first;
+
+	if (w->last_first_seq > 0 && w->last_first_seq < floor_seq)
+		floor_seq = w->last_first_seq;
+	w->last_first_seq = first;
+	if (now - w->full_claim_ms >= w->cfg->relay_poll_interval_ms) {
+		floor_seq = 0;
+		w->full_claim_ms = now;
+	}
+	store_set_claim_floor(w->store, floor_seq);
+}
+
 /* One turn of the pipeline. The current batch is published; meanwhile the database finishes
  * marking the previous batch and claims the next one, so the broker and the database work at
  * the same time. Then every row of the current batch is settled: failures and releases are
@@ -491,6 +518,7 @@ static void cycle(struct worker *w)
 	if (finish_mark(w) < 0)
 		db_ok = false;
 	if (db_ok && brc == BROKER_OK && !atomic_load(&w->relay->stopping)) {
+		set_claim_floor(w, x);
 		rc = store_claim_send(w->store, false);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
@@ -602,6 +630,9 @@ static void worker_loop(struct worker *w)
 		if (w->n_owed && pay_owed(w) < 0)
 			continue;
 
+		store_set_claim_floor(w->store, 0);
+		w->last_first_seq = 0;
+		w->full_claim_ms = clock_mono_ms();
 		rc = store_claim(w->store, disarm || w->armed, x);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
@@ -620,7 +651,7 @@ static void worker_loop(struct worker *w)
 			continue;
 		}
 		w->armed = true;
-		rc = store_claim(w->store, false, x);
+		rc = store_claim(w->store, false, x); /* still without a floor */
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			continue;

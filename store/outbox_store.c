@@ -423,7 +423,8 @@ static int prepare_statements(struct store *s)
 	             "WITH disarm AS (UPDATE %s SET armed_until = NULL"
 	             " WHERE $1::boolean AND armed_until IS NOT NULL),"
 	             " c AS (SELECT o.seq FROM %s o"
-	             " WHERE o.published_at IS NULL AND o.attempts < $2::int"
+	             " WHERE o.published_at IS NULL AND o.seq >= $6::bigint"
+	             " AND o.attempts < $2::int"
 	             " AND o.available_at <= now()"
 	             " AND (o.locked_until IS NULL OR o.locked_until < now())"
 	             " AND (o.ordering_key IS NULL OR ("
@@ -436,7 +437,7 @@ static int prepare_statements(struct store *s)
 	             " locked_until = now() + $5::bigint * interval '1 millisecond'"
 	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS,
 	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t);
-	if ((rc = prepare_one(s, ST_CLAIM, 5, sql, w)) != 0)
+	if ((rc = prepare_one(s, ST_CLAIM, 6, sql, w)) != 0)
 		return rc;
 
 	w = snprintf(sql, sizeof(sql),
@@ -789,8 +790,8 @@ static int send_prepared(struct store *s, const char *name, int n, const char *c
 
 int store_claim_send(struct store *s, bool disarm)
 {
-	char max[16], batch[16], lease[24];
-	const char *params[5];
+	char max[16], batch[16], lease[24], floor_seq[24];
+	const char *params[6];
 	int rc;
 
 	rc = ensure_prepared(s);
@@ -804,7 +805,14 @@ int store_claim_send(struct store *s, bool disarm)
 	params[2] = batch;
 	params[3] = s->opts.relay_id ? s->opts.relay_id : "";
 	params[4] = lease;
-	return send_prepared(s, ST_CLAIM, 5, params, STORE_INFLIGHT_CLAIM, "could not claim");
+	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
+	params[5] = floor_seq;
+	return send_prepared(s, ST_CLAIM, 6, params, STORE_INFLIGHT_CLAIM, "could not claim");
+}
+
+void store_set_claim_floor(struct store *s, int64_t from_seq)
+{
+	s->claim_floor = from_seq > 0 ? from_seq : 0;
 }
 
 int store_claim_recv(struct store *s, struct store_batch *out)

@@ -100,6 +100,15 @@ int store_claim_send(struct store *s, bool disarm) __attribute__((warn_unused_re
 int store_claim_recv(struct store *s, struct store_batch *out)
 	__attribute__((warn_unused_result));
 
+/* Makes the following claims consider only rows with seq >= from_seq (0 = all rows).
+ * Why: a mark leaves the row's entry in the pending index until vacuum removes it, so on a
+ * long backlog a claim that always starts at the beginning walks every row published since
+ * the last vacuum, and the drain slows as it goes. A relay that just claimed a full batch
+ * knows nothing older was claimable and can start there; it must still claim without a
+ * floor now and then, for older rows that became claimable since (released, retried,
+ * delayed, unblocked, or committed late by a transaction that took its seq early). */
+void store_set_claim_floor(struct store *s, int64_t from_seq);
+
 /* Marks ids published (published_at = now(), lease cleared) in one statement, or deletes
  * them when delete_rows. Not fenced by locked_by: a confirmed row is published whoever holds
  * it now. Rows already published are left alone. */

@@ -35,6 +35,7 @@ struct store {
 	PGconn *conn;
 	bool prepared;               /* the relay statements exist on this connection */
 	enum store_inflight inflight;
+	int64_t claim_floor; /* store_set_claim_floor() */
 	char table[STORE_NAME_MAX];  /* as given, validated: "outbox" or "app.outbox" */
 	char errmsg[STORE_ERRMSG_MAX];
 	/* Reused text-array literals ({"a","b"}) for the id/error parameters: no allocation per

@@ -320,6 +320,33 @@ Test(store, claim_in_seq_order_and_writes_lease)
 	store_free(a);
 }
 
+Test(store, claim_floor_skips_older_rows_until_cleared)
+{
+	struct store *a = migrated("floor");
+	for (int i = 0; i < 6; i++) {
+		char id[16];
+		snprintf(id, sizeof(id), "f%d", i);
+		add(id, NULL, 0);
+	}
+	struct store *r = open_store(opts_for("relay-1", false));
+	struct store_batch b;
+	store_batch_init(&b);
+	int64_t third = sql_int(g_admin, "SELECT seq FROM %s WHERE id = 'f3'", g_table);
+
+	store_set_claim_floor(r, third);
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 3);
+	cr_assert_str_eq(b.rows[0].id, "f3");
+	/* Without the floor the older rows are found again. */
+	store_set_claim_floor(r, 0);
+	cr_assert_eq(store_claim(r, false, &b), 0);
+	cr_assert_eq(b.n, 3);
+	cr_assert_str_eq(b.rows[0].id, "f0");
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, concurrent_claims_never_share_a_row)
 {
 	struct store *a = migrated("conc");
@@ -792,7 +819,7 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 	 * must be just as good. */
 	for (int i = 0; i < 8; i++) {
 		PGresult *res = PQexec(r->conn, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE outbox_claim("
-		                                "false, 3, 100, 'relay-1', 60000)");
+		                                "false, 3, 100, 'relay-1', 60000, 0)");
 		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQresultErrorMessage(res));
 		static char plan[32768];
 		size_t len = 0;
