@@ -57,9 +57,9 @@ static void insert_mixed(struct fault *f)
 		if (b == N_BAD)
 			break;
 		harness_pg_exec(f->pg,
-		                "INSERT INTO %s (id, exchange_name, routing_key, body, body_encoding,"
-		                " headers, properties) VALUES ('%s', '%s', 'fault.bad', '%s', '%s',"
-		                " '%s', '%s')",
+		                "INSERT INTO %s (id, exchange_name, routing_key, body,"
+		                " body_encoding, headers, properties)"
+		                " VALUES ('%s', '%s', 'fault.bad', '%s', '%s', '%s', '%s')",
 		                f->table, bad_rows[b].id, f->exchange, bad_rows[b].body,
 		                bad_rows[b].encoding, bad_rows[b].headers, bad_rows[b].properties);
 	}
@@ -69,7 +69,8 @@ static void insert_mixed(struct fault *f)
 static int64_t dead_count(struct fault *f)
 {
 	return harness_pg_int(f->pg,
-	                      "SELECT count(*) FROM %s WHERE published_at IS NULL AND attempts >= %d",
+	                      "SELECT count(*) FROM %s"
+	                      " WHERE published_at IS NULL AND attempts >= %d",
 	                      f->table, MAX_ATTEMPTS);
 }
 
@@ -93,8 +94,8 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 		const struct bad *x = &bad_rows[b];
 		char *err;
 
-		cr_assert_eq(harness_pg_int(f.pg, "SELECT attempts FROM %s WHERE id = '%s'", f.table,
-		                            x->id),
+		cr_assert_eq(harness_pg_int(f.pg, "SELECT attempts FROM %s WHERE id = '%s'",
+		                            f.table, x->id),
 		             MAX_ATTEMPTS, "%s: dead at once means attempts = max_attempts", x->id);
 		err = harness_pg_string(f.pg, "SELECT last_error FROM %s WHERE id = '%s'", f.table,
 		                        x->id);
@@ -145,7 +146,8 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 	harness_output_free(&o);
 
 	/* Fixed by hand, requeued: delivered. */
-	harness_pg_exec(f.pg, "UPDATE %s SET properties = '{\"priority\":9}' WHERE id = 'bad-priority'",
+	harness_pg_exec(f.pg,
+	                "UPDATE %s SET properties = '{\"priority\":9}' WHERE id = 'bad-priority'",
 	                f.table);
 	harness_cli(&o, f.table, relay_env, "requeue", "--id", "bad-priority", NULL);
 	cr_assert_eq(o.status, 0, "requeue exited %d: %s", o.status, o.err);

@@ -177,7 +177,8 @@ Test(fault, max_attempts_makes_unroutable_row_dead, .timeout = 300)
 	/* Several poll intervals: a dead row is never claimed again. */
 	harness_sleep_ms(2000);
 	cr_assert_eq(attempts_of(&f, "doomed-1"), 2);
-	cr_assert_eq(fault_log_count(&f, "message is dead"), 1, "the dead row logged more than once");
+	cr_assert_eq(fault_log_count(&f, "message is dead"), 1,
+	             "the dead row logged more than once");
 	cr_assert_eq(fault_log_count(&f, "level=error"), 1);
 	cr_assert_eq(fault_log_count(&f, "msg=\"message is dead, an operator must requeue or"
 	                                 " discard it\" id=doomed-1"),

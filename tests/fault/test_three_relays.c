@@ -25,7 +25,8 @@ Test(fault, three_relays_no_faults, .timeout = 400)
 	dups = fault_count(&f, "three_relays", "three", ROWS, &lost);
 	cr_assert_eq(lost, 0, "%zu committed rows never arrived", lost);
 	cr_assert_eq(dups, 0, "%zu rows were sent twice", dups);
-	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", f.table), 0);
+	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", f.table),
+	             0);
 	for (size_t i = 0; i < f.n_relays; i++)
 		cr_assert_not(f.relays[i]->exited, "relay %zu died", i);
 	fault_teardown(&f);

@@ -44,7 +44,7 @@ void fault_teardown(struct fault *f)
 
 			if (st != 0)
 				harness_relay_dump_log(r);
-			cr_expect_eq(st, 0, "relay %zu exited with %d at the end of the test", i, st);
+			cr_expect_eq(st, 0, "relay %zu exited with %d at the end", i, st);
 		}
 		harness_relay_free(r);
 	}
@@ -128,7 +128,8 @@ void fault_expect_unique(struct fault *f, size_t n, int64_t timeout_ms)
 static int64_t unsettled(struct fault *f, int max_attempts)
 {
 	return harness_pg_int(f->pg,
-	                      "SELECT count(*) FROM %s WHERE (published_at IS NULL AND attempts < %d)"
+	                      "SELECT count(*) FROM %s"
+	                      " WHERE (published_at IS NULL AND attempts < %d)"
 	                      " OR (published_at IS NOT NULL AND locked_by IS NOT NULL)",
 	                      f->table, max_attempts);
 }
@@ -160,7 +161,7 @@ size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t
 		snprintf(id, sizeof(id), "%s-%07zu", prefix, i);
 		if (consumer_count(f->cons, id) == 0) {
 			if (missing < 10)
-				cr_log_error("fault %s: %s was committed but never received", name, id);
+				cr_log_error("fault %s: %s committed, never received", name, id);
 			missing++;
 		}
 	}
