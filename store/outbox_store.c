@@ -61,8 +61,11 @@ static void set_line(struct store *s, const char *prefix, const char *text)
 {
 	size_t n;
 
-	snprintf(s->errmsg, sizeof(s->errmsg), "%s%s%s", prefix ? prefix : "",
-	         prefix && text && text[0] ? ": " : "", text ? text : "");
+	/* Truncation is fine here (the message stays one readable line); checking the result
+	 * also tells -Wformat-truncation that it was considered. */
+	if (snprintf(s->errmsg, sizeof(s->errmsg), "%s%s%s", prefix ? prefix : "",
+	             prefix && text && text[0] ? ": " : "", text ? text : "") < 0)
+		s->errmsg[0] = '\0';
 	for (char *c = s->errmsg; *c; c++)
 		if (*c == '\n' || *c == '\r' || *c == '\t')
 			*c = ' ';

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian packages outbox-relay needs to build, test, benchmark and demo, when
+# any is missing. Shared by tests/run, bench/run and examples/demo so that the list lives in
+# one place. Usage: tests/install-deps.sh CALLER_NAME
+set -euo pipefail
+
+caller=${1:-install-deps}
+packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
+	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
+	procps iproute2)
+
+missing=()
+for p in "${packages[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+[ ${#missing[@]} -gt 0 ] || exit 0
+if [ "$(id -u)" -ne 0 ]; then
+	echo "$caller: missing packages: ${missing[*]}" >&2
+	echo "$caller: run it with sudo (or as root) to install them, or install them yourself" >&2
+	exit 1
+fi
+# The packages' postinst scripts would start the distribution's default PostgreSQL and
+# RabbitMQ services; we start our own, so a policy-rc.d denies those starts.
+created_policy=0
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+	printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+	chmod 755 /usr/sbin/policy-rc.d
+	created_policy=1
+fi
+echo "$caller: installing: ${missing[*]}"
+rc=0
+apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	"${missing[@]}" || rc=$?
+if [ $created_policy -eq 1 ]; then
+	rm -f /usr/sbin/policy-rc.d
+fi
+exit $rc
