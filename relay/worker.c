@@ -599,6 +599,7 @@ static void worker_loop(struct worker *w)
 	const struct config *cfg = w->cfg;
 	int64_t arm_ttl = cfg->relay_poll_interval_ms * 2 + 1000;
 	bool disarm = true; /* the first claim clears a flag left by a relay that died */
+	int settle_claims = 0;
 	int rc;
 
 	while (!atomic_load(&w->relay->stopping)) {
@@ -658,6 +659,21 @@ static void worker_loop(struct worker *w)
 		}
 		if (x->n > 0)
 			continue;
+		if (store_keys_settling(w->store) && settle_claims < 2) {
+			/* Keyed rows committed just now are claimable once the ordering watermark
+			 * has passed them: settle it and claim again instead of sleeping a poll
+			 * interval. Bounded, so that steady traffic elsewhere cannot turn this into
+			 * a busy loop. */
+			settle_claims++;
+			rc = store_settle_watermark(w->store);
+			if (rc < 0) {
+				db_failed(w, rc, "settling the ordering watermark");
+				continue;
+			}
+			if (!store_keys_settling(w->store))
+				continue;
+		}
+		settle_claims = 0;
 		wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
 	}
 }

@@ -35,6 +35,10 @@ enum {
 	COL_ORDERING_KEY,
 	COL_CREATED_AT,
 	COL_ATTEMPTS,
+	/* the claim's extra row (seq NULL): the ordering watermark's sample */
+	COL_WM_SEQ,
+	COL_WM_XMIN,
+	COL_WM_XMAX,
 	COL_COUNT
 };
 
@@ -418,9 +422,11 @@ static int prepare_statements(struct store *s)
 	}
 
 	/* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead,
-	 * the oldest that is not dead), and only once every transaction older than the
-	 * snapshot's xmin has ended, so that a producer still in progress cannot later commit
-	 * an earlier row of that key. The disarm CTE clears the wake-up flag in the same round
+	 * the oldest that is not dead), and only once no transaction still in progress can
+	 * commit an earlier row of that key. Comparing the row's own txid with the snapshot's
+	 * xmin is not enough: a transaction gets its id at its first write, so one with a
+	 * higher id may hold a lower seq. Instead keyed rows are claimable up to a watermark
+	 * seq that is known settled (see struct ordering_watermark in store_private.h). The disarm CTE clears the wake-up flag in the same round
 	 * trip. The order is the pending index's, so the scan stops after about $3 rows. */
 	w = snprintf(sql, sizeof(sql),
 	             "WITH disarm AS (UPDATE %s SET armed_until = NULL"
@@ -431,16 +437,23 @@ static int prepare_statements(struct store *s)
 	             " AND o.available_at <= now()"
 	             " AND (o.locked_until IS NULL OR o.locked_until < now())"
 	             " AND (o.ordering_key IS NULL OR ("
-	             "o.txid < pg_snapshot_xmin(pg_current_snapshot())"
+	             "o.seq <= CASE WHEN pg_snapshot_xmin(pg_current_snapshot()) >= $8::xid8"
+	             " THEN $9::bigint ELSE $7::bigint END"
 	             " AND NOT EXISTS (SELECT 1 FROM %s p"
 	             " WHERE p.ordering_key = o.ordering_key"
 	             " AND p.published_at IS NULL AND p.seq < o.seq%s)))"
-	             " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED)"
-	             " UPDATE %s o SET locked_by = $4::text,"
+	             " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
+	             " u AS (UPDATE %s o SET locked_by = $4::text,"
 	             " locked_until = now() + $5::bigint * interval '1 millisecond'"
-	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS,
-	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t);
-	if ((rc = prepare_one(s, ST_CLAIM, 6, sql, w)) != 0)
+	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS ")"
+	             " SELECT u.*, NULL::bigint, NULL::text, NULL::text FROM u UNION ALL"
+	             " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+	             " NULL, COALESCE(pg_sequence_last_value("
+	             "pg_get_serial_sequence('%s', 'seq')::regclass), 0),"
+	             " pg_snapshot_xmin(pg_current_snapshot())::text,"
+	             " pg_snapshot_xmax(pg_current_snapshot())::text",
+	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t);
+	if ((rc = prepare_one(s, ST_CLAIM, 9, sql, w)) != 0)
 		return rc;
 
 	w = snprintf(sql, sizeof(sql),
@@ -689,10 +702,115 @@ static int parse_int64(const char *v, int64_t *out)
 
 /* Copies the result into the batch's single buffer: sizes first, so that the buffer is
  * (re)allocated at most once and no pointer is taken before it stops moving. */
+static uint64_t xid_value(const char *x)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(x, &end, 10);
+	return errno || *end ? 0 : (uint64_t)v;
+}
+
+/* Moves the ordering watermark on with the claim's sample row (the row whose seq is NULL)
+ * and returns the number of claimed rows. The claimed rows come before the sample, which
+ * UNION ALL puts last here; a sample elsewhere is still found, and skipped by parse. */
+static int take_watermark_sample(struct store *s, const PGresult *res, int nt)
+{
+	struct ordering_watermark *wm = &s->wm;
+	int64_t w;
+
+	for (int i = 0; i < nt; i++) {
+		const char *xmin, *xmax;
+
+		if (!PQgetisnull(res, i, COL_SEQ))
+			continue;
+		if (parse_int64(PQgetvalue(res, i, COL_WM_SEQ), &w) != 0)
+			return nt;
+		xmin = PQgetvalue(res, i, COL_WM_XMIN);
+		xmax = PQgetvalue(res, i, COL_WM_XMAX);
+		wm->stuck = false;
+		if (wm->cand) {
+			if (xid_value(xmin) >= xid_value(wm->cand_x)) {
+				if (wm->cand_w > wm->safe)
+					wm->safe = wm->cand_w;
+			} else {
+				wm->stuck = true; /* an older transaction is still running */
+			}
+		}
+		wm->w0 = wm->w1;
+		wm->w1 = w;
+		snprintf(wm->x1, sizeof(wm->x1), "%s", xmax);
+		wm->have_x = wm->have_w;
+		wm->have_w = true;
+		if (i != nt - 1)
+			return nt; /* not last: the parse loop skips it by its NULL seq */
+		return nt - 1;
+	}
+	return nt;
+}
+
+/* One scalar text query on the relay connection; NULL on failure (error set). */
+static char *scalar(struct store *s, const char *sql)
+{
+	PGresult *res = PQexec(s->conn, sql);
+	char *v = NULL;
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		v = strdup(PQgetvalue(res, 0, 0));
+	else
+		(void)store_result_error(s, res, "could not read the ordering watermark");
+	PQclear(res);
+	return v;
+}
+
+int store_settle_watermark(struct store *s)
+{
+	char sql[STORE_NAME_MAX + 160];
+	char *w = NULL, *xmax = NULL, *xmin = NULL;
+	int64_t wv;
+	int rc = STORE_ERR_QUERY;
+
+	if (!s->conn || s->inflight != STORE_INFLIGHT_NONE) {
+		store_set_error(s, "not connected");
+		return STORE_ERR_CONN;
+	}
+	/* Three statements, three snapshots, in this order: W first, then a snapshot's xmax,
+	 * then a later snapshot's xmin (see struct ordering_watermark). */
+	snprintf(sql, sizeof(sql),
+	         "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('%s', 'seq')"
+	         "::regclass), 0)",
+	         s->table);
+	if (!(w = scalar(s, sql)) ||
+	    !(xmax = scalar(s, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text")) ||
+	    !(xmin = scalar(s, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text")))
+		goto out;
+	if (parse_int64(w, &wv) != 0) {
+		store_set_error(s, "unreadable sequence value '%s'", w);
+		goto out;
+	}
+	s->wm.stuck = xid_value(xmin) < xid_value(xmax);
+	if (!s->wm.stuck && wv > s->wm.safe)
+		s->wm.safe = wv;
+	rc = 0;
+out:
+	if (rc != 0 && !store_connected(s))
+		rc = STORE_ERR_CONN;
+	free(w);
+	free(xmax);
+	free(xmin);
+	return rc;
+}
+
+bool store_keys_settling(const struct store *s)
+{
+	return !s->wm.stuck && s->wm.safe < s->wm.w1;
+}
+
 static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out)
 {
 	int nt = PQntuples(res);
-	size_t total = 0, used = 0;
+	size_t total = 0, used = 0, k = 0;
 
 	if (PQnfields(res) != COL_COUNT) {
 		store_set_error(s, "claim returned %d columns, expected %d", PQnfields(res),
@@ -702,6 +820,7 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 	for (int i = 0; i < nt; i++)
 		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++)
 			total += (size_t)PQgetlength(res, i, c) + 1;
+	nt = take_watermark_sample(s, res, nt);
 	if (total > BATCH_BUF_MAX) {
 		store_set_error(s, "claimed batch of %d rows needs %zu bytes, more than the limit "
 		                "of %zu: lower relay.batch_size", nt, total, BATCH_BUF_MAX);
@@ -728,12 +847,14 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 			goto nomem;
 	}
 	for (int i = 0; i < nt; i++) {
-		struct store_row *r = &out->rows[i];
+		struct store_row *r = &out->rows[k];
 		const char **dst[] = { &r->id, &r->exchange, &r->routing_key, &r->body,
 			               &r->body_encoding, &r->content_type, &r->headers,
 			               &r->properties, &r->ordering_key };
 		int64_t v;
 
+		if (PQgetisnull(res, i, COL_SEQ))
+			continue; /* the watermark sample */
 		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++) {
 			size_t len = (size_t)PQgetlength(res, i, c);
 			if (PQgetisnull(res, i, c)) {
@@ -755,9 +876,10 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 			return STORE_ERR_QUERY;
 		}
 		r->attempts = (int)v;
+		k++;
 	}
 	out->buf_len = used;
-	out->n = (size_t)nt;
+	out->n = k;
 	/* RETURNING comes in no particular order; publishing must go oldest first. */
 	if (out->n > 1)
 		qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
@@ -793,8 +915,9 @@ static int send_prepared(struct store *s, const char *name, int n, const char *c
 
 int store_claim_send(struct store *s, bool disarm)
 {
-	char max[16], batch[16], lease[24], floor_seq[24];
-	const char *params[6];
+	char max[16], batch[16], lease[24], floor_seq[24], safe[24], cand_w[24];
+	const char *params[9];
+	struct ordering_watermark *wm = &s->wm;
 	int rc;
 
 	rc = ensure_prepared(s);
@@ -810,7 +933,19 @@ int store_claim_send(struct store *s, bool disarm)
 	params[4] = lease;
 	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
 	params[5] = floor_seq;
-	return send_prepared(s, ST_CLAIM, 6, params, STORE_INFLIGHT_CLAIM, "could not claim");
+	/* Candidate: the seq read by the claim before last, settled once every transaction
+	 * older than the last claim's snapshot has ended. Without one, the CASE yields the
+	 * settled watermark either way. */
+	snprintf(safe, sizeof(safe), "%lld", (long long)wm->safe);
+	snprintf(cand_w, sizeof(cand_w), "%lld",
+	         (long long)(wm->have_x && wm->w0 > wm->safe ? wm->w0 : wm->safe));
+	params[6] = safe;
+	params[7] = wm->have_x ? wm->x1 : "0";
+	params[8] = cand_w;
+	wm->cand_w = wm->have_x ? wm->w0 : 0;
+	snprintf(wm->cand_x, sizeof(wm->cand_x), "%s", wm->have_x ? wm->x1 : "0");
+	wm->cand = wm->have_x;
+	return send_prepared(s, ST_CLAIM, 9, params, STORE_INFLIGHT_CLAIM, "could not claim");
 }
 
 void store_set_claim_floor(struct store *s, int64_t from_seq)

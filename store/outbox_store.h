@@ -109,6 +109,15 @@ int store_claim_recv(struct store *s, struct store_batch *out)
  * delayed, unblocked, or committed late by a transaction that took its seq early). */
 void store_set_claim_floor(struct store *s, int64_t from_seq);
 
+/* True when keyed rows may be waiting for the ordering watermark to settle (rows were
+ * committed since the last claims) and it is moving: claiming again soon will find them.
+ * False while an old transaction holds it back (then claiming again does not help). */
+bool store_keys_settling(const struct store *s);
+/* Moves the ordering watermark up to the sequence's current value if no transaction older
+ * than now is still running (three short statements). Makes keyed rows committed before the
+ * call claimable by the next claim; a no-op while an old transaction runs. */
+int store_settle_watermark(struct store *s) __attribute__((warn_unused_result));
+
 /* Marks ids published (published_at = now(), lease cleared) in one statement, or deletes
  * them when delete_rows. Not fenced by locked_by: a confirmed row is published whoever holds
  * it now. Rows already published are left alone. */

@@ -30,12 +30,33 @@ enum store_slot {
 	STORE_SLOT_COUNT,
 };
 
+/* The ordering watermark: the highest seq such that no transaction still in progress can
+ * commit a row with that seq or a lower one. Keyed rows are claimable only up to it, so a
+ * key's rows go out in seq order with no row appearing later behind one already published.
+ * Each claim reads the sequence's last value W (after its snapshot was taken) and reports
+ * its snapshot's xmin and xmax. Any row with seq <= W_n was given its seq, and so its
+ * transaction an id, before claim n read W_n, hence before claim n+1 took its snapshot: once
+ * a later snapshot's xmin reaches claim n+1's xmax, all those transactions have ended and
+ * W_n is settled. (This relies on the identity sequence handing out values in order, i.e.
+ * CACHE 1, PostgreSQL's default.) */
+struct ordering_watermark {
+	int64_t safe;     /* settled watermark */
+	int64_t w0, w1;   /* W read by the claim before last, and by the last claim */
+	char x1[32];      /* xmax of the last claim's snapshot */
+	bool have_w, have_x;
+	int64_t cand_w;   /* the candidate sent with the claim in flight ... */
+	char cand_x[32];  /* ... and the xmin it needs */
+	bool cand;
+	bool stuck;       /* the last candidate was not settled: an old transaction runs */
+};
+
 struct store {
 	struct store_options opts;   /* strings borrowed from the caller */
 	PGconn *conn;
 	bool prepared;               /* the relay statements exist on this connection */
 	enum store_inflight inflight;
 	int64_t claim_floor; /* store_set_claim_floor() */
+	struct ordering_watermark wm;
 	char table[STORE_NAME_MAX];  /* as given, validated: "outbox" or "app.outbox" */
 	char errmsg[STORE_ERRMSG_MAX];
 	/* Reused text-array literals ({"a","b"}) for the id/error parameters: no allocation per

@@ -422,10 +422,8 @@ Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300
 
 /* A transaction that took its id early (an earlier write) commits a keyed row with a higher
  * seq while a transaction with a later id still holds the key's lower seq: the committed row
- * must wait, since publishing it now would send seq 2 before seq 1 is even visible.
- * Disabled: the claim compares only the row's own txid with xmin, so it fails today. */
-Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300,
-     .disabled = true)
+ * must wait, since publishing it now would send seq 2 before seq 1 is even visible. */
+Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300)
 {
 	struct ord t;
 	PGconn *early, *late;
