@@ -374,8 +374,9 @@ static void log_failure(struct worker *w, const struct store_row *row,
 	}
 	log_event(LOG_ERROR, w->component, "message is dead, an operator must requeue or discard it",
 	          "id", row->id, "exchange", row->exchange, "routing_key", row->routing_key,
-	          "attempts", att, "error", res->error, "ordering_key", row->ordering_key,
-	          (char *)NULL);
+	          "attempts", att, "error", res->error,
+	          /* last pair, so that an unkeyed row ends the list here */
+	          row->ordering_key ? "ordering_key" : NULL, row->ordering_key, (char *)NULL);
 	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
 		log_event(LOG_ERROR, w->component, "dead row set aside, its ordering key moves on",
 		          "ordering_key", row->ordering_key, "id", row->id, (char *)NULL);
@@ -588,6 +589,10 @@ static void cycle(struct worker *w)
 		w->marking = true;
 		w->n_marking = n_pub;
 		w->marking_t0_us = t0;
+	} else {
+		/* Nothing to mark: the batch is settled now (its duration is otherwise taken when
+		 * the mark's answer is read). */
+		metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - t0));
 	}
 	w->cur = 1 - w->cur;
 }
