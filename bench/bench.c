@@ -40,6 +40,7 @@ struct options {
 	long n_tput;         /* rows for the limit, throughput and keys runs */
 	long n_backlog;
 	int phase_s;         /* producer cost phase and idle latency duration */
+	long workers;        /* relay.workers for every relay run */
 };
 
 static struct options opt;
@@ -431,8 +432,8 @@ struct relay_proc {
  * queue's and the LISTEN channel's name, so runs never see each other's rows). */
 static pid_t relay_spawn(const char *cmd, const char *table)
 {
-	char db[1100], mq[600], tb[100], ch[100];
-	char *envp[] = { db, mq, tb, ch, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn",
+	char db[1100], mq[600], tb[100], ch[100], wk[48];
+	char *envp[] = { db, mq, tb, ch, wk, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn",
 		         "OUTBOX_RELAY_RETENTION=30d", "OUTBOX_RELAY_BATCH_SIZE=500", NULL };
 	char *argv[] = { (char *)opt.relay, (char *)cmd, NULL };
 	pid_t pid;
@@ -441,6 +442,7 @@ static pid_t relay_spawn(const char *cmd, const char *table)
 	snprintf(mq, sizeof(mq), "OUTBOX_AMQP_URL=%s", opt.amqp);
 	snprintf(tb, sizeof(tb), "OUTBOX_DATABASE_TABLE=%s", table);
 	snprintf(ch, sizeof(ch), "OUTBOX_DATABASE_CHANNEL=%s", table);
+	snprintf(wk, sizeof(wk), "OUTBOX_RELAY_WORKERS=%ld", opt.workers > 0 ? opt.workers : 1);
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
@@ -1349,7 +1351,7 @@ static void print_summary(void)
 
 static const char usage[] =
 	"usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog N]\n"
-	"                    [--seconds S]\n"
+	"                    [--seconds S] [--workers N]\n"
 	"  NAME: limit, relay, idle, producer, backlog, keys (memory comes with relay/backlog)\n"
 	"  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n";
 
@@ -1420,6 +1422,9 @@ int main(int argc, char **argv)
 		           parse_long(v, 10, 100000000, &backlog) == 0) {
 			i++;
 		} else if (strcmp(a, "--seconds") == 0 && v && parse_long(v, 1, 3600, &secs) == 0) {
+			i++;
+		} else if (strcmp(a, "--workers") == 0 && v &&
+		           parse_long(v, 1, 64, &opt.workers) == 0) {
 			i++;
 		} else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			fputs(usage, stdout);
