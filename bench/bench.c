@@ -41,6 +41,7 @@ struct options {
 	long n_backlog;
 	int phase_s;         /* producer cost phase and idle latency duration */
 	long workers;        /* relay.workers for every relay run */
+	long batch;          /* relay.batch_size for every relay run */
 };
 
 static struct options opt;
@@ -432,9 +433,9 @@ struct relay_proc {
  * queue's and the LISTEN channel's name, so runs never see each other's rows). */
 static pid_t relay_spawn(const char *cmd, const char *table)
 {
-	char db[1100], mq[600], tb[100], ch[100], wk[48];
-	char *envp[] = { db, mq, tb, ch, wk, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn",
-		         "OUTBOX_RELAY_RETENTION=30d", "OUTBOX_RELAY_BATCH_SIZE=500", NULL };
+	char db[1100], mq[600], tb[100], ch[100], wk[48], bs[48];
+	char *envp[] = { db, mq, tb, ch, wk, bs, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn",
+		         "OUTBOX_RELAY_RETENTION=30d", NULL };
 	char *argv[] = { (char *)opt.relay, (char *)cmd, NULL };
 	pid_t pid;
 
@@ -443,6 +444,7 @@ static pid_t relay_spawn(const char *cmd, const char *table)
 	snprintf(tb, sizeof(tb), "OUTBOX_DATABASE_TABLE=%s", table);
 	snprintf(ch, sizeof(ch), "OUTBOX_DATABASE_CHANNEL=%s", table);
 	snprintf(wk, sizeof(wk), "OUTBOX_RELAY_WORKERS=%ld", opt.workers > 0 ? opt.workers : 1);
+	snprintf(bs, sizeof(bs), "OUTBOX_RELAY_BATCH_SIZE=%ld", opt.batch > 0 ? opt.batch : 500);
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
@@ -1351,7 +1353,7 @@ static void print_summary(void)
 
 static const char usage[] =
 	"usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog N]\n"
-	"                    [--seconds S] [--workers N]\n"
+	"                    [--seconds S] [--workers N] [--batch N]\n"
 	"  NAME: limit, relay, idle, producer, backlog, keys (memory comes with relay/backlog)\n"
 	"  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n";
 
@@ -1426,6 +1428,9 @@ int main(int argc, char **argv)
 		} else if (strcmp(a, "--workers") == 0 && v &&
 		           parse_long(v, 1, 64, &opt.workers) == 0) {
 			i++;
+		} else if (strcmp(a, "--batch") == 0 && v &&
+		           parse_long(v, 1, 10000, &opt.batch) == 0) {
+			i++;
 		} else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			fputs(usage, stdout);
 			return 0;
@@ -1485,9 +1490,9 @@ int main(int argc, char **argv)
 	if (selected("keys"))
 		bench_keys();
 	if (res.rss_kb > 0 || res.rss_max_kb > 0)
-		printf("memory: relay peak RSS %ld kB in the %ld-row run (batch 500 x %d B), "
+		printf("memory: relay peak RSS %ld kB in the %ld-row run (batch %ld x %d B), "
 		       "at most %ld kB in any run (target <= 12288 kB: %s)\n",
-		       res.rss_kb, opt.n_tput, BODY_LEN, res.rss_max_kb,
+		       res.rss_kb, opt.n_tput, opt.batch > 0 ? opt.batch : 500L, BODY_LEN, res.rss_max_kb,
 		       (res.rss_kb > 0 ? res.rss_kb : res.rss_max_kb) <= 12288 ? "met" : "MISSED");
 	print_summary();
 	free(relay_path);
