@@ -14,19 +14,6 @@
 /* ISO 8601 in UTC, so the CLI output does not depend on the session's time zone. */
 #define ISO(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 
-static int parse_i64(const char *v, int64_t *out)
-{
-	char *end;
-	long long x;
-
-	errno = 0;
-	x = strtoll(v, &end, 10);
-	if (errno != 0 || end == v || *end != '\0')
-		return -1;
-	*out = x;
-	return 0;
-}
-
 static int parse_double(const char *v, double *out)
 {
 	char *end;
@@ -97,12 +84,12 @@ int store_status(struct store *s, struct store_status *st)
 	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the status");
 	if (rc != 0)
 		goto out;
-	if (PQntuples(res) != 1 || parse_i64(PQgetvalue(res, 0, 0), &r.pending) != 0 ||
-	    parse_i64(PQgetvalue(res, 0, 1), &r.leased) != 0 ||
-	    parse_i64(PQgetvalue(res, 0, 2), &r.dead) != 0 ||
-	    parse_i64(PQgetvalue(res, 0, 3), &r.published) != 0 ||
+	if (PQntuples(res) != 1 || store_parse_int64(PQgetvalue(res, 0, 0), &r.pending) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 1), &r.leased) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 2), &r.dead) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 3), &r.published) != 0 ||
 	    parse_double(PQgetvalue(res, 0, 4), &r.oldest_pending_age_s) != 0 ||
-	    parse_i64(PQgetvalue(res, 0, 5), &r.blocked_keys) != 0) {
+	    store_parse_int64(PQgetvalue(res, 0, 5), &r.blocked_keys) != 0) {
 		store_set_error(s, "status query returned something unreadable");
 		rc = STORE_ERR_QUERY;
 		goto out;
@@ -190,7 +177,7 @@ static int run_list(struct store *s, const char *sql, size_t limit, struct store
 		it->routing_key = dup_value(res, i, 2, &failed);
 		it->ordering_key = dup_value(res, i, 3, &failed);
 		it->last_error = dup_value(res, i, 4, &failed);
-		if (parse_i64(PQgetvalue(res, i, 5), &attempts) == 0)
+		if (store_parse_int64(PQgetvalue(res, i, 5), &attempts) == 0)
 			it->attempts = (int)attempts;
 		it->created_at = dup_value(res, i, 6, &failed);
 		it->available_at = dup_value(res, i, 7, &failed);
@@ -242,7 +229,7 @@ int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
 
 static int changed_count(struct store *s, PGresult *res, int64_t *out)
 {
-	if (parse_i64(PQcmdTuples(res), out) != 0) {
+	if (store_parse_int64(PQcmdTuples(res), out) != 0) {
 		store_set_error(s, "could not read the number of changed rows");
 		return STORE_ERR_QUERY;
 	}

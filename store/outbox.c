@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "store/outbox.h"
+#include "store/store_private.h"
 
 #define ID_MAX_BYTES 64
 #define NAME_MAX_CHARS 255 /* VARCHAR(255): exchange, routing key, content type, key */
@@ -22,7 +23,7 @@ static void set_err(char *errbuf, size_t errlen, const char *msg, const char *de
 
 /* Length of the valid UTF-8 sequence at s, 0 when invalid or NUL. Overlong forms,
  * surrogates and code points above U+10FFFF are invalid, as PostgreSQL rejects them. */
-static size_t utf8_seq(const unsigned char *s, size_t avail)
+size_t outbox_utf8_seq_len(const unsigned char *s, size_t avail)
 {
 	unsigned c = s[0], cp;
 	size_t n;
@@ -60,7 +61,7 @@ static long utf8_chars(const void *p, size_t len)
 	long chars = 0;
 
 	while (i < len) {
-		k = utf8_seq(s + i, len - i);
+		k = outbox_utf8_seq_len(s + i, len - i);
 		if (k == 0)
 			return -1;
 		i += k;

@@ -159,44 +159,11 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 
 /* ---- UTF-8 and array literals ---- */
 
-/* Length of the valid UTF-8 sequence at s (1..4), 0 when invalid or NUL. Overlongs,
- * surrogates and code points above U+10FFFF are invalid, as PostgreSQL rejects them. */
-static size_t utf8_seq_len(const unsigned char *s, size_t avail)
-{
-	unsigned c = s[0];
-	size_t n;
-	unsigned cp;
-
-	if (c == 0)
-		return 0;
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xC2 && c <= 0xDF)
-		n = 2, cp = c & 0x1F;
-	else if (c >= 0xE0 && c <= 0xEF)
-		n = 3, cp = c & 0x0F;
-	else if (c >= 0xF0 && c <= 0xF4)
-		n = 4, cp = c & 0x07;
-	else
-		return 0;
-	if (avail < n)
-		return 0;
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xC0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3F);
-	}
-	if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-	    (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-		return 0;
-	return n;
-}
-
 size_t store_utf8_valid_prefix(const char *s, size_t len)
 {
 	size_t i = 0, n;
 
-	while (i < len && (n = utf8_seq_len((const unsigned char *)s + i, len - i)) > 0)
+	while (i < len && (n = outbox_utf8_seq_len((const unsigned char *)s + i, len - i)) > 0)
 		i += n;
 	return i;
 }
@@ -265,7 +232,7 @@ int store_text_array(struct store *s, enum store_slot slot, const void *items, s
 		vlen = strlen(v);
 		p[len++] = '"';
 		while (j < vlen && chars < ELEM_CHARS_MAX) {
-			size_t k = utf8_seq_len((const unsigned char *)v + j, vlen - j);
+			size_t k = outbox_utf8_seq_len((const unsigned char *)v + j, vlen - j);
 			if (k == 0) {
 				p[len++] = '?';
 				j++;
@@ -687,7 +654,7 @@ static int cmp_row_seq(const void *a, const void *b)
 	return (x->seq > y->seq) - (x->seq < y->seq);
 }
 
-static int parse_int64(const char *v, int64_t *out)
+int store_parse_int64(const char *v, int64_t *out)
 {
 	char *end;
 	long long x;
@@ -725,7 +692,7 @@ static int take_watermark_sample(struct store *s, const PGresult *res, int nt)
 
 		if (!PQgetisnull(res, i, COL_SEQ))
 			continue;
-		if (parse_int64(PQgetvalue(res, i, COL_WM_SEQ), &w) != 0)
+		if (store_parse_int64(PQgetvalue(res, i, COL_WM_SEQ), &w) != 0)
 			return nt;
 		xmin = PQgetvalue(res, i, COL_WM_XMIN);
 		xmax = PQgetvalue(res, i, COL_WM_XMAX);
@@ -785,7 +752,7 @@ int store_settle_watermark(struct store *s)
 	    !(xmax = scalar(s, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text")) ||
 	    !(xmin = scalar(s, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text")))
 		goto out;
-	if (parse_int64(w, &wv) != 0) {
+	if (store_parse_int64(w, &wv) != 0) {
 		store_set_error(s, "unreadable sequence value '%s'", w);
 		goto out;
 	}
@@ -868,9 +835,9 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 				r->body_len = len;
 			used += len + 1;
 		}
-		if (parse_int64(PQgetvalue(res, i, COL_SEQ), &r->seq) != 0 ||
-		    parse_int64(PQgetvalue(res, i, COL_CREATED_AT), &r->created_at_s) != 0 ||
-		    parse_int64(PQgetvalue(res, i, COL_ATTEMPTS), &v) != 0) {
+		if (store_parse_int64(PQgetvalue(res, i, COL_SEQ), &r->seq) != 0 ||
+		    store_parse_int64(PQgetvalue(res, i, COL_CREATED_AT), &r->created_at_s) != 0 ||
+		    store_parse_int64(PQgetvalue(res, i, COL_ATTEMPTS), &v) != 0) {
 			store_set_error(s, "claim returned an unreadable number");
 			out->n = 0;
 			return STORE_ERR_QUERY;
@@ -1047,7 +1014,7 @@ static int exec_prepared(struct store *s, const char *name, int n, const char *c
 		rc = store_result_error(s, res, what);
 		goto out;
 	}
-	if (parse_int64(PQcmdTuples(res), &v) != 0)
+	if (store_parse_int64(PQcmdTuples(res), &v) != 0)
 		v = 0;
 	if (changed)
 		*changed = (size_t)v;
