@@ -682,37 +682,54 @@ static uint64_t xid_value(const char *x)
 /* Moves the ordering watermark on with the claim's sample row (the row whose seq is NULL)
  * and returns the number of claimed rows. The claimed rows come before the sample, which
  * UNION ALL puts last here; a sample elsewhere is still found, and skipped by parse. */
+/* Settles every candidate whose transactions have all ended by a snapshot with this xmin. */
+static void wm_advance(struct ordering_watermark *wm, uint64_t xmin)
+{
+	int k = 0;
+
+	while (k < wm->npend && wm->pend[k].x <= xmin) {
+		if (wm->pend[k].w > wm->safe)
+			wm->safe = wm->pend[k].w;
+		k++;
+	}
+	if (k > 0) {
+		memmove(wm->pend, wm->pend + k, (size_t)(wm->npend - k) * sizeof(wm->pend[0]));
+		wm->npend -= k;
+	}
+	wm->stuck = wm->npend > 0;
+}
+
+/* Pairs the W read before a snapshot with that snapshot's xmax as a new candidate. */
+static void wm_push(struct ordering_watermark *wm, int64_t w, uint64_t xmax)
+{
+	if (w <= wm->safe || (wm->npend > 0 && wm->pend[wm->npend - 1].w >= w))
+		return; /* nothing new to settle */
+	if (wm->npend == WM_PENDING)
+		return; /* full: the oldest candidates settle first; W is read again later */
+	wm->pend[wm->npend].w = w;
+	wm->pend[wm->npend].x = xmax;
+	wm->npend++;
+}
+
+/* Moves the ordering watermark on with the claim's sample row (the row whose seq is NULL)
+ * and returns the number of claimed rows. UNION ALL puts the sample last; one found
+ * elsewhere is still used, and the parse loop skips it by its NULL seq. */
 static int take_watermark_sample(struct store *s, const PGresult *res, int nt)
 {
 	struct ordering_watermark *wm = &s->wm;
 	int64_t w;
 
 	for (int i = 0; i < nt; i++) {
-		const char *xmin, *xmax;
-
 		if (!PQgetisnull(res, i, COL_SEQ))
 			continue;
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_SEQ), &w) != 0)
 			return nt;
-		xmin = PQgetvalue(res, i, COL_WM_XMIN);
-		xmax = PQgetvalue(res, i, COL_WM_XMAX);
-		wm->stuck = false;
-		if (wm->cand) {
-			if (xid_value(xmin) >= xid_value(wm->cand_x)) {
-				if (wm->cand_w > wm->safe)
-					wm->safe = wm->cand_w;
-			} else {
-				wm->stuck = true; /* an older transaction is still running */
-			}
-		}
-		wm->w0 = wm->w1;
-		wm->w1 = w;
-		snprintf(wm->x1, sizeof(wm->x1), "%s", xmax);
-		wm->have_x = wm->have_w;
+		wm_advance(wm, xid_value(PQgetvalue(res, i, COL_WM_XMIN)));
+		if (wm->have_w)
+			wm_push(wm, wm->last_w, xid_value(PQgetvalue(res, i, COL_WM_XMAX)));
+		wm->last_w = w;
 		wm->have_w = true;
-		if (i != nt - 1)
-			return nt; /* not last: the parse loop skips it by its NULL seq */
-		return nt - 1;
+		return i == nt - 1 ? nt - 1 : nt;
 	}
 	return nt;
 }
@@ -734,7 +751,7 @@ static char *scalar(struct store *s, const char *sql)
 int store_settle_watermark(struct store *s)
 {
 	char sql[STORE_NAME_MAX + 160];
-	char *w = NULL, *xmax = NULL, *xmin = NULL;
+	char *w = NULL, *xmax = NULL, *xmin2 = NULL, *xmin = NULL;
 	int64_t wv;
 	int rc = STORE_ERR_QUERY;
 
@@ -750,28 +767,34 @@ int store_settle_watermark(struct store *s)
 	         s->table);
 	if (!(w = scalar(s, sql)) ||
 	    !(xmax = scalar(s, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text")) ||
+	    !(xmin2 = scalar(s, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text")) ||
 	    !(xmin = scalar(s, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text")))
 		goto out;
 	if (store_parse_int64(w, &wv) != 0) {
 		store_set_error(s, "unreadable sequence value '%s'", w);
 		goto out;
 	}
-	s->wm.stuck = xid_value(xmin) < xid_value(xmax);
-	if (!s->wm.stuck && wv > s->wm.safe)
-		s->wm.safe = wv;
-	rc = 0;
+	/* W was read before the second statement's snapshot: pair it with that xmax; the third
+	 * statement's xmin then settles it if nothing older is running. */
+	wm_advance(&s->wm, xid_value(xmin2));
+	wm_push(&s->wm, wv, xid_value(xmax));
+	wm_advance(&s->wm, xid_value(xmin));
+	s->wm.last_w = wv;
+	s->wm.have_w = true;
+	rc = s->wm.safe >= wv ? 0 : 1;
 out:
 	if (rc != 0 && !store_connected(s))
 		rc = STORE_ERR_CONN;
 	free(w);
 	free(xmax);
+	free(xmin2);
 	free(xmin);
 	return rc;
 }
 
 bool store_keys_settling(const struct store *s)
 {
-	return !s->wm.stuck && s->wm.safe < s->wm.w1;
+	return s->wm.have_w && s->wm.safe < s->wm.last_w && !s->wm.stuck;
 }
 
 static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out)
@@ -882,7 +905,7 @@ static int send_prepared(struct store *s, const char *name, int n, const char *c
 
 int store_claim_send(struct store *s, bool disarm)
 {
-	char max[16], batch[16], lease[24], floor_seq[24], safe[24], cand_w[24];
+	char max[16], batch[16], lease[24], floor_seq[24], safe[24], cand_w[24], cand_x[24];
 	const char *params[9];
 	struct ordering_watermark *wm = &s->wm;
 	int rc;
@@ -900,18 +923,19 @@ int store_claim_send(struct store *s, bool disarm)
 	params[4] = lease;
 	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
 	params[5] = floor_seq;
-	/* Candidate: the seq read by the claim before last, settled once every transaction
-	 * older than the last claim's snapshot has ended. Without one, the CASE yields the
-	 * settled watermark either way. */
+	/* The oldest candidate rides along: the claim's own snapshot may settle it. Without
+	 * one, the CASE yields the settled watermark either way. */
 	snprintf(safe, sizeof(safe), "%lld", (long long)wm->safe);
-	snprintf(cand_w, sizeof(cand_w), "%lld",
-	         (long long)(wm->have_x && wm->w0 > wm->safe ? wm->w0 : wm->safe));
+	if (wm->npend > 0) {
+		snprintf(cand_w, sizeof(cand_w), "%lld", (long long)wm->pend[0].w);
+		snprintf(cand_x, sizeof(cand_x), "%llu", (unsigned long long)wm->pend[0].x);
+	} else {
+		snprintf(cand_w, sizeof(cand_w), "%s", safe);
+		snprintf(cand_x, sizeof(cand_x), "0");
+	}
 	params[6] = safe;
-	params[7] = wm->have_x ? wm->x1 : "0";
+	params[7] = cand_x;
 	params[8] = cand_w;
-	wm->cand_w = wm->have_x ? wm->w0 : 0;
-	snprintf(wm->cand_x, sizeof(wm->cand_x), "%s", wm->have_x ? wm->x1 : "0");
-	wm->cand = wm->have_x;
 	return send_prepared(s, ST_CLAIM, 9, params, STORE_INFLIGHT_CLAIM, "could not claim");
 }
 

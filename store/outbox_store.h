@@ -115,7 +115,8 @@ void store_set_claim_floor(struct store *s, int64_t from_seq);
 bool store_keys_settling(const struct store *s);
 /* Moves the ordering watermark up to the sequence's current value if no transaction older
  * than now is still running (three short statements). Makes keyed rows committed before the
- * call claimable by the next claim; a no-op while an old transaction runs. */
+ * call claimable by the next claim. Returns 0 when it moved, 1 when a transaction that
+ * started earlier is still running (nothing changed; try again later), or an error. */
 int store_settle_watermark(struct store *s) __attribute__((warn_unused_result));
 
 /* Marks ids published (published_at = now(), lease cleared) in one statement, or deletes

@@ -39,15 +39,21 @@ enum store_slot {
  * a later snapshot's xmin reaches claim n+1's xmax, all those transactions have ended and
  * W_n is settled. (This relies on the identity sequence handing out values in order, i.e.
  * CACHE 1, PostgreSQL's default.) */
+#define WM_PENDING 16
+
 struct ordering_watermark {
-	int64_t safe;     /* settled watermark */
-	int64_t w0, w1;   /* W read by the claim before last, and by the last claim */
-	char x1[32];      /* xmax of the last claim's snapshot */
-	bool have_w, have_x;
-	int64_t cand_w;   /* the candidate sent with the claim in flight ... */
-	char cand_x[32];  /* ... and the xmin it needs */
-	bool cand;
-	bool stuck;       /* the last candidate was not settled: an old transaction runs */
+	int64_t safe;   /* settled watermark */
+	int64_t last_w; /* W read by the last claim (or settle), to pair with the next xmax */
+	bool have_w;
+	/* Candidates (W, X), oldest first, W and X rising: W is settled once xmin >= X. Kept
+	 * until settled, so that under steady overlapping transactions the watermark still
+	 * moves as soon as xmin passes an older candidate. */
+	struct {
+		int64_t w;
+		uint64_t x;
+	} pend[WM_PENDING];
+	int npend;
+	bool stuck; /* the oldest candidate waits for a transaction that is still running */
 };
 
 struct store {
