@@ -39,6 +39,7 @@ enum {
 	COL_WM_SEQ,
 	COL_WM_XMIN,
 	COL_WM_XMAX,
+	COL_WM_KEYED, /* a keyed row above the settled watermark waits */
 	COL_COUNT
 };
 
@@ -413,13 +414,18 @@ static int prepare_statements(struct store *s)
 	             " u AS (UPDATE %s o SET locked_by = $4::text,"
 	             " locked_until = now() + $5::bigint * interval '1 millisecond'"
 	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS ")"
-	             " SELECT u.*, NULL::bigint, NULL::text, NULL::text FROM u UNION ALL"
+	             " SELECT u.*, NULL::bigint, NULL::text, NULL::text, NULL::boolean FROM u"
+	             " UNION ALL"
 	             " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
 	             " NULL, COALESCE(pg_sequence_last_value("
 	             "pg_get_serial_sequence('%s', 'seq')::regclass), 0),"
 	             " pg_snapshot_xmin(pg_current_snapshot())::text,"
-	             " pg_snapshot_xmax(pg_current_snapshot())::text",
-	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t);
+	             " pg_snapshot_xmax(pg_current_snapshot())::text,"
+	             /* Only the newest rows lie above the settled watermark, so this walks a few
+	              * entries of the pending index at most. */
+	             " EXISTS (SELECT 1 FROM %s k WHERE k.published_at IS NULL"
+	             " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL ORDER BY k.seq LIMIT 1)",
+	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t, t);
 	if ((rc = prepare_one(s, ST_CLAIM, 9, sql, w)) != 0)
 		return rc;
 
@@ -724,6 +730,7 @@ static int take_watermark_sample(struct store *s, const PGresult *res, int nt)
 			continue;
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_SEQ), &w) != 0)
 			return nt;
+		wm->keyed_waiting = PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
 		wm_advance(wm, xid_value(PQgetvalue(res, i, COL_WM_XMIN)));
 		if (wm->have_w)
 			wm_push(wm, wm->last_w, xid_value(PQgetvalue(res, i, COL_WM_XMAX)));
@@ -794,7 +801,7 @@ out:
 
 bool store_keys_settling(const struct store *s)
 {
-	return s->wm.have_w && s->wm.safe < s->wm.last_w && !s->wm.stuck;
+	return s->wm.keyed_waiting && s->wm.have_w && s->wm.safe < s->wm.last_w && !s->wm.stuck;
 }
 
 static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out)

@@ -109,8 +109,8 @@ int store_claim_recv(struct store *s, struct store_batch *out)
  * delayed, unblocked, or committed late by a transaction that took its seq early). */
 void store_set_claim_floor(struct store *s, int64_t from_seq);
 
-/* True when keyed rows may be waiting for the ordering watermark to settle (rows were
- * committed since the last claims) and it is moving: claiming again soon will find them.
+/* True when the last claim saw keyed rows waiting for the ordering watermark to settle (they
+ * were committed since the last claims) and it is moving: claiming again soon finds them.
  * False while an old transaction holds it back (then claiming again does not help). */
 bool store_keys_settling(const struct store *s);
 /* Moves the ordering watermark up to the sequence's current value if no transaction older

@@ -54,6 +54,7 @@ struct ordering_watermark {
 	} pend[WM_PENDING];
 	int npend;
 	bool stuck; /* the oldest candidate waits for a transaction that is still running */
+	bool keyed_waiting; /* the last claim saw a keyed row above the settled watermark */
 };
 
 struct store {
