@@ -23,7 +23,7 @@ struct maintenance {
 	struct store_options opts;
 	struct store *store;
 	pthread_t thread;
-	volatile int stop_purge;
+	atomic_int stop_purge;
 	uint64_t seed;
 };
 
@@ -155,7 +155,7 @@ void maintenance_stop(struct maintenance *m)
 {
 	if (!m)
 		return;
-	m->stop_purge = 1;
+	atomic_store(&m->stop_purge, 1);
 	pthread_join(m->thread, NULL);
 	store_free(m->store);
 	free(m);

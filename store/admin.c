@@ -320,7 +320,7 @@ out:
 /* Deletes in slices of `batch` rows, each its own short transaction, so that the purge
  * never holds many row locks or one long snapshot while the relay works. Old published rows
  * sit at the low end of seq, which the unique seq index walks in order. */
-int store_purge(struct store *s, int64_t older_than_ms, int batch, const volatile int *stop,
+int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                 int64_t *n_deleted)
 {
 	char sql[ADMIN_SQL_MAX], age[24], lim[16];
@@ -342,7 +342,7 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const volatil
 		PGresult *res = NULL;
 		int64_t n = 0;
 
-		if (stop && *stop)
+		if (stop && atomic_load(stop))
 			break;
 		rc = store_exec(s, sql, 2, params, PGRES_COMMAND_OK, &res, "could not purge");
 		if (rc != 0)

@@ -4,6 +4,7 @@
 #ifndef OUTBOX_STORE_OUTBOX_STORE_H
 #define OUTBOX_STORE_OUTBOX_STORE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -193,7 +194,7 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 	__attribute__((warn_unused_result));
 /* Deletes published rows older than older_than_ms, at most batch rows per statement, until
  * none are left or *stop becomes true (may be NULL). *n_deleted gets the total. */
-int store_purge(struct store *s, int64_t older_than_ms, int batch, const volatile int *stop,
+int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                 int64_t *n_deleted) __attribute__((warn_unused_result));
 
 /* ---- schema ---- */

@@ -787,7 +787,7 @@ Test(store, dead_list_requeue_discard_purge)
 	cr_assert_eq(store_purge(a, 3600 * 1000, 2, NULL, &n), 0, "%s", store_errmsg(a));
 	cr_assert_eq(n, 3, "x0 x4 x5: older than an hour, in slices of 2");
 	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s", g_table), 2, "x2 and x3 remain");
-	volatile int stop = 1;
+	atomic_int stop = 1;
 	cr_assert_eq(store_purge(a, 0, 2, &stop, &n), 0);
 	cr_assert_eq(n, 0, "a raised stop flag purges nothing");
 	store_free(r);
