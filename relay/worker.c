@@ -196,12 +196,13 @@ static void db_failed(struct worker *w, int rc, const char *doing)
 	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
 }
 
-static void broker_failed(struct worker *w, int rc)
+/* in_batch: rows were waiting for confirms, and have been released by the caller. */
+static void broker_failed(struct worker *w, int rc, bool in_batch)
 {
 	const char *why = rc == BROKER_ERR_TIMEOUT ? "timeout" : "connection";
 
 	broker_disconnect(w->broker);
-	if (w->mq.up)
+	if (w->mq.up && in_batch)
 		log_event(LOG_WARN, w->component, "broker did not confirm the batch, unconfirmed rows released",
 		          "reason", why, "error", broker_errmsg(w->broker), (char *)NULL);
 	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
@@ -257,7 +258,7 @@ static void wait_for_work(struct worker *w, int64_t deadline_ms)
 		if (broker_connected(w->broker)) {
 			rc = broker_service(w->broker);
 			if (rc < 0) {
-				broker_failed(w, rc);
+				broker_failed(w, rc, false);
 				return;
 			}
 		}
@@ -541,7 +542,7 @@ static void cycle(struct worker *w)
 
 	classify(w, x, &n_pub, &n_fail, &n_rel);
 	if (brc < 0) {
-		broker_failed(w, brc);
+		broker_failed(w, brc, true);
 		/* The next batch cannot be published before the broker is back: hand it back now
 		 * rather than after its lease. */
 		for (size_t i = 0; i < next->n; i++)
