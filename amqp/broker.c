@@ -26,11 +26,11 @@
 #include "amqp/message_map.h"
 #include "relay/clock.h"
 
-#define PUBLISH_CHANNEL 1
-#define CHECK_CHANNEL 2 /* passive declares: a 404 there must not close the publish channel */
-#define FRAME_MAX 131072
-#define POOL_PAGE (256 * 1024) /* bodies below this stay in recycled pages, no malloc */
-#define DRAIN_EVERY 128        /* publishes between non-blocking reads of arrived acks */
+#define PUBLISH_CHANNEL     1
+#define CHECK_CHANNEL       2 /* passive declares: a 404 there must not close the publish channel */
+#define FRAME_MAX           131072
+#define POOL_PAGE           (256 * 1024) /* bodies below this stay in recycled pages, no malloc */
+#define DRAIN_EVERY         128          /* publishes between non-blocking reads of arrived acks */
 #define KNOWN_EXCHANGES_MAX 1024
 
 struct broker {
@@ -216,7 +216,7 @@ static int check_rpc(struct broker *b, amqp_rpc_reply_t r, const char *what)
 	set_err(b, "%s: %s", what, text);
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
 	    r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-		amqp_connection_close_ok_t ok = {0};
+		amqp_connection_close_ok_t ok = { 0 };
 
 		(void)amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
 	}
@@ -393,8 +393,8 @@ static int login(struct broker *b)
 	amqp_rpc_reply_t r;
 	int heartbeat_s = 0;
 	char text[256];
-	const char *const cap_names[4] = {"connection.blocked", "publisher_confirms", "basic.nack",
-	                                  "authentication_failure_close"};
+	const char *const cap_names[4] = { "connection.blocked", "publisher_confirms", "basic.nack",
+		                           "authentication_failure_close" };
 
 	for (size_t i = 0; i < 4; i++) {
 		caps[i].key = amqp_cstring_bytes(cap_names[i]);
@@ -408,9 +408,9 @@ static int login(struct broker *b)
 	props[1].key = amqp_cstring_bytes("connection_name");
 	props[1].value.kind = AMQP_FIELD_KIND_UTF8;
 	props[1].value.value.bytes = amqp_cstring_bytes(
-		b->opts.connection_name != NULL && b->opts.connection_name[0] != '\0'
-			? b->opts.connection_name
-			: "outbox-relay");
+	        b->opts.connection_name != NULL && b->opts.connection_name[0] != '\0'
+	                ? b->opts.connection_name
+	                : "outbox-relay");
 	client.num_entries = 2;
 	client.entries = props;
 
@@ -427,7 +427,7 @@ static int login(struct broker *b)
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
 	    r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 		const amqp_connection_close_t *c = r.reply.decoded;
-		amqp_connection_close_ok_t ok = {0};
+		amqp_connection_close_ok_t ok = { 0 };
 
 		if (c->reply_code == AMQP_ACCESS_REFUSED)
 			set_err(b, "login refused for user '%s' (%s)", b->ci.user, text);
@@ -569,7 +569,7 @@ static int handle_frame(struct broker *b, const amqp_frame_t *f)
 		break;
 	case AMQP_CHANNEL_CLOSE_METHOD: {
 		const amqp_channel_close_t *c = f->payload.method.decoded;
-		amqp_channel_close_ok_t ok = {0};
+		amqp_channel_close_ok_t ok = { 0 };
 
 		if (f->channel == PUBLISH_CHANNEL) {
 			b->channel_closed = true;
@@ -592,7 +592,7 @@ static int handle_frame(struct broker *b, const amqp_frame_t *f)
 	}
 	case AMQP_CONNECTION_CLOSE_METHOD: {
 		const amqp_connection_close_t *c = f->payload.method.decoded;
-		amqp_connection_close_ok_t ok = {0};
+		amqp_connection_close_ok_t ok = { 0 };
 
 		set_err(b, "connection closed by broker: %.*s", (int)c->reply_text.len,
 		        (const char *)c->reply_text.bytes);
@@ -703,7 +703,7 @@ static int check_exchange(struct broker *b, const char *name, bool *exists, char
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
 	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 		const amqp_channel_close_t *c = r.reply.decoded;
-		amqp_channel_close_ok_t ok = {0};
+		amqp_channel_close_ok_t ok = { 0 };
 
 		if (c->reply_code == AMQP_NOT_FOUND)
 			snprintf(text, n, "exchange '%s' not found", name);
@@ -725,7 +725,7 @@ static int check_exchange(struct broker *b, const char *name, bool *exists, char
 	reply_text(r, text, n);
 	set_err(b, "could not check exchange '%s': %s", name, text);
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION) {
-		amqp_connection_close_ok_t ok = {0};
+		amqp_connection_close_ok_t ok = { 0 };
 
 		(void)amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
 	}

@@ -21,10 +21,10 @@ enum broker_err {
 
 /* Borrowed by broker_new() for the broker's lifetime. */
 struct broker_options {
-	const char *url;           /* amqp://user:pass@host:port/vhost or amqps:// */
-	int64_t heartbeat_ms;      /* 0 disables heartbeats */
+	const char *url;      /* amqp://user:pass@host:port/vhost or amqps:// */
+	int64_t heartbeat_ms; /* 0 disables heartbeats */
 	int64_t confirm_timeout_ms;
-	const char *tls_ca_file;   /* "" = none */
+	const char *tls_ca_file; /* "" = none */
 	const char *tls_cert_file;
 	const char *tls_key_file;
 	bool tls_verify_peer;
@@ -37,7 +37,7 @@ struct broker_options {
 /* One row to publish, as stored. All borrowed; must stay valid from broker_publish() until
  * the matching broker_confirm() returns (rows may be republished inside it). */
 struct broker_message {
-	const char *id;            /* -> message_id */
+	const char *id; /* -> message_id */
 	const char *exchange;
 	const char *routing_key;
 	const char *body;
@@ -46,7 +46,7 @@ struct broker_message {
 	const char *content_type;
 	const char *headers_json;
 	const char *properties_json;
-	int64_t timestamp_s;       /* created_at */
+	int64_t timestamp_s; /* created_at */
 };
 
 enum broker_outcome {
@@ -73,8 +73,8 @@ struct broker_result {
 struct broker;
 
 struct broker *broker_new(const struct broker_options *opts); /* NULL on out of memory */
-void broker_free(struct broker *b);                            /* accepts NULL */
-const char *broker_errmsg(const struct broker *b);             /* borrowed */
+void broker_free(struct broker *b);                           /* accepts NULL */
+const char *broker_errmsg(const struct broker *b);            /* borrowed */
 
 /* Connects, logs in (advertising the connection.blocked capability), opens the channel and
  * selects confirm mode. Socket writes are bounded by confirm_timeout so a broker that stops

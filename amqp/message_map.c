@@ -17,7 +17,7 @@
 #define NAME_SHOWN 48 /* bytes of a user-supplied name quoted in an error */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -71,7 +71,7 @@ static int parse_object(const char *column, const char *text, json_t **out, char
 {
 	json_error_t jerr;
 	json_t *v =
-		json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+	        json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 
 	if (v == NULL)
 		return fail(err, errlen, "%s: invalid JSON at line %d column %d: %s", column,
@@ -86,7 +86,7 @@ static int parse_object(const char *column, const char *text, json_t **out, char
 
 static int pool_copy(amqp_pool_t *pool, const char *s, size_t len, amqp_bytes_t *out)
 {
-	amqp_bytes_t b = {0, NULL};
+	amqp_bytes_t b = { 0, NULL };
 
 	if (len > 0) {
 		amqp_pool_alloc_bytes(pool, len, &b);
@@ -178,7 +178,7 @@ static int map_value(json_t *v, amqp_pool_t *pool, int depth, struct header_path
 			f.value.array.entries = NULL;
 			if (n > 0) {
 				f.value.array.entries =
-					amqp_pool_alloc(pool, n * sizeof(amqp_field_value_t));
+				        amqp_pool_alloc(pool, n * sizeof(amqp_field_value_t));
 				if (f.value.array.entries == NULL)
 					return MESSAGE_MAP_NOMEM;
 			}
@@ -202,7 +202,7 @@ static int map_table(json_t *obj, amqp_pool_t *pool, int depth, struct header_pa
                      amqp_table_t *out, char *err, size_t errlen)
 {
 	size_t n = json_object_size(obj);
-	amqp_table_t t = {0, NULL};
+	amqp_table_t t = { 0, NULL };
 	const char *key;
 	json_t *v;
 	size_t i = 0;
@@ -237,7 +237,7 @@ static int map_table(json_t *obj, amqp_pool_t *pool, int depth, struct header_pa
 static int map_headers(const char *text, amqp_pool_t *pool, amqp_table_t *out, char *err,
                        size_t errlen)
 {
-	struct header_path path = {.text = "", .len = 0};
+	struct header_path path = { .text = "", .len = 0 };
 	json_t *obj = NULL;
 	int rc;
 
@@ -258,12 +258,12 @@ static const struct {
 	enum prop_slot slot;
 	amqp_flags_t flag;
 } string_props[] = {
-	{"correlation_id", P_CORRELATION_ID, AMQP_BASIC_CORRELATION_ID_FLAG},
-	{"reply_to", P_REPLY_TO, AMQP_BASIC_REPLY_TO_FLAG},
-	{"type", P_TYPE, AMQP_BASIC_TYPE_FLAG},
-	{"app_id", P_APP_ID, AMQP_BASIC_APP_ID_FLAG},
-	{"user_id", P_USER_ID, AMQP_BASIC_USER_ID_FLAG},
-	{"content_encoding", P_CONTENT_ENCODING, AMQP_BASIC_CONTENT_ENCODING_FLAG},
+	{ "correlation_id", P_CORRELATION_ID, AMQP_BASIC_CORRELATION_ID_FLAG },
+	{ "reply_to", P_REPLY_TO, AMQP_BASIC_REPLY_TO_FLAG },
+	{ "type", P_TYPE, AMQP_BASIC_TYPE_FLAG },
+	{ "app_id", P_APP_ID, AMQP_BASIC_APP_ID_FLAG },
+	{ "user_id", P_USER_ID, AMQP_BASIC_USER_ID_FLAG },
+	{ "content_encoding", P_CONTENT_ENCODING, AMQP_BASIC_CONTENT_ENCODING_FLAG },
 };
 
 static amqp_bytes_t *prop_field(amqp_basic_properties_t *p, enum prop_slot slot)
@@ -401,7 +401,7 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
                     size_t errlen)
 {
 	const char *enc = m->body_encoding;
-	amqp_bytes_t b = {0, NULL};
+	amqp_bytes_t b = { 0, NULL };
 	size_t off = 0;
 	size_t len = 0;
 	char shown[NAME_SHOWN + 8];

@@ -15,8 +15,8 @@ enum message_map_err {
 	MESSAGE_MAP_NOMEM = -2,
 };
 
-#define MESSAGE_MAP_MAX_DEPTH 16    /* nested tables/arrays in headers */
-#define MESSAGE_MAP_MAX_KEY 128     /* bytes in a header key */
+#define MESSAGE_MAP_MAX_DEPTH    16  /* nested tables/arrays in headers */
+#define MESSAGE_MAP_MAX_KEY      128 /* bytes in a header key */
 #define MESSAGE_MAP_MAX_SHORTSTR 255 /* AMQP short string */
 
 /* Maps m into *props and *body. Header tables, strings parsed from the JSON columns and a
@@ -25,8 +25,7 @@ enum message_map_err {
  * publish. On failure nothing is written to props or
  * body; for MESSAGE_MAP_INVALID err (errlen bytes, caller's) gets one line naming the
  * column and the problem, e.g. "properties: unknown property 'foo'". */
-int message_map(const struct broker_message *m, amqp_pool_t *pool,
-                amqp_basic_properties_t *props, amqp_bytes_t *body, char *err, size_t errlen)
-	__attribute__((warn_unused_result));
+int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
+                amqp_bytes_t *body, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 #endif

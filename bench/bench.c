@@ -25,23 +25,23 @@
 #include <amqp_tcp_socket.h>
 #include <libpq-fe.h>
 
-#define BODY_LEN 1024
-#define LIMIT_WINDOW 1000      /* publishes in flight for the limit run */
-#define PRODUCERS 8            /* producer cost: threads, each on its own connection */
-#define IDLE_RATE 200          /* idle latency: commits per second */
-#define KEYS 10000             /* ordering keys run: distinct keys */
+#define BODY_LEN     1024
+#define LIMIT_WINDOW 1000  /* publishes in flight for the limit run */
+#define PRODUCERS    8     /* producer cost: threads, each on its own connection */
+#define IDLE_RATE    200   /* idle latency: commits per second */
+#define KEYS         10000 /* ordering keys run: distinct keys */
 
 struct options {
-	const char *pg;      /* libpq conninfo */
-	const char *amqp;    /* amqp:// URL */
-	const char *relay;   /* outbox-relay binary */
-	const char *only;    /* NULL = every measurement */
+	const char *pg;    /* libpq conninfo */
+	const char *amqp;  /* amqp:// URL */
+	const char *relay; /* outbox-relay binary */
+	const char *only;  /* NULL = every measurement */
 	bool quick;
-	long n_tput;         /* rows for the limit, throughput and keys runs */
+	long n_tput; /* rows for the limit, throughput and keys runs */
 	long n_backlog;
-	int phase_s;         /* producer cost phase and idle latency duration */
-	long workers;        /* relay.workers for every relay run */
-	long batch;          /* relay.batch_size for every relay run */
+	int phase_s;  /* producer cost phase and idle latency duration */
+	long workers; /* relay.workers for every relay run */
+	long batch;   /* relay.batch_size for every relay run */
 };
 
 static struct options opt;
@@ -301,7 +301,7 @@ struct consumer {
 	char queue[64];
 	pthread_t thread;
 	atomic_long count;
-	atomic_int state;      /* 0 starting, 1 consuming, -1 failed */
+	atomic_int state; /* 0 starting, 1 consuming, -1 failed */
 	atomic_int stop;
 	char err[256];
 	/* latency mode: bodies start with "t=<CLOCK_REALTIME us>;"; commit -> receive in us */
@@ -321,7 +321,7 @@ static void consumer_record(struct consumer *k, const amqp_envelope_t *env, int6
 	if (k->lat) {
 		char tmp[32], *end;
 		size_t len = env->message.body.len < sizeof(tmp) - 1 ? env->message.body.len
-		                                                       : sizeof(tmp) - 1;
+		                                                     : sizeof(tmp) - 1;
 		long long t;
 
 		memcpy(tmp, env->message.body.bytes, len);
@@ -434,8 +434,16 @@ struct relay_proc {
 static pid_t relay_spawn(const char *cmd, const char *table)
 {
 	char db[1100], mq[600], tb[100], ch[100], wk[48], bs[48];
-	char *envp[] = { db, mq, tb, ch, wk, bs, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn",
-		         "OUTBOX_RELAY_RETENTION=30d", NULL };
+	char *envp[] = { db,
+		         mq,
+		         tb,
+		         ch,
+		         wk,
+		         bs,
+		         "OUTBOX_HTTP_LISTEN=",
+		         "OUTBOX_LOG_LEVEL=warn",
+		         "OUTBOX_RELAY_RETENTION=30d",
+		         NULL };
 	char *argv[] = { (char *)opt.relay, (char *)cmd, NULL };
 	pid_t pid;
 
@@ -752,7 +760,7 @@ out:
 
 struct drain {
 	double secs, rate;
-	double first_s;        /* relay start -> first delivery: its start-up cost */
+	double first_s; /* relay start -> first delivery: its start-up cost */
 	long hwm_kb, maxrss_kb;
 	double slice_rate[10]; /* msgs/s of each 10 % of the rows, by the consumer's clock */
 };
@@ -1029,7 +1037,7 @@ struct producer {
 	pthread_t thread;
 	const char *table;
 	int index;
-	atomic_int *go;       /* 0 wait, 1 run, 2 stop */
+	atomic_int *go; /* 0 wait, 1 run, 2 stop */
 	atomic_int *ready;
 	long commits;
 	char err[256];
@@ -1352,10 +1360,10 @@ static void print_summary(void)
 /* ---- command line ---- */
 
 static const char usage[] =
-	"usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog N]\n"
-	"                    [--seconds S] [--workers N] [--batch N]\n"
-	"  NAME: limit, relay, idle, producer, backlog, keys (memory comes with relay/backlog)\n"
-	"  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n";
+        "usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog N]\n"
+        "                    [--seconds S] [--workers N] [--batch N]\n"
+        "  NAME: limit, relay, idle, producer, backlog, keys (memory comes with relay/backlog)\n"
+        "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n";
 
 static int parse_long(const char *s, long min, long max, long *out)
 {
@@ -1466,7 +1474,7 @@ int main(int argc, char **argv)
 	opt.n_backlog = backlog ? backlog : opt.quick ? 100000 : 1000000;
 	opt.phase_s = secs ? (int)secs : opt.quick ? 3 : 10;
 
-	res = (struct results){ NAN, NAN, NAN, NAN, NAN, NAN, 0, NAN, NAN, NAN,
+	res = (struct results){ NAN, NAN, NAN, NAN, NAN, NAN, 0,   NAN, NAN, NAN,
 		                NAN, NAN, NAN, 0,   0,   NAN, NAN, NAN, 0 };
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
@@ -1492,7 +1500,8 @@ int main(int argc, char **argv)
 	if (res.rss_kb > 0 || res.rss_max_kb > 0)
 		printf("memory: relay peak RSS %ld kB in the %ld-row run (batch %ld x %d B), "
 		       "at most %ld kB in any run (target <= 12288 kB: %s)\n",
-		       res.rss_kb, opt.n_tput, opt.batch > 0 ? opt.batch : 500L, BODY_LEN, res.rss_max_kb,
+		       res.rss_kb, opt.n_tput, opt.batch > 0 ? opt.batch : 500L, BODY_LEN,
+		       res.rss_max_kb,
 		       (res.rss_kb > 0 ? res.rss_kb : res.rss_max_kb) <= 12288 ? "met" : "MISSED");
 	print_summary();
 	free(relay_path);

@@ -12,10 +12,10 @@
 #include "config/config.h"
 #include "config/config_keys.h"
 
-#define ERRORS_MAX 200
+#define ERRORS_MAX      200
 #define SECRET_FILE_MAX (64 * 1024)
-#define RELAY_ID_MAX 64 /* locked_by is VARCHAR(64) */
-#define ENV_PREFIX "OUTBOX_"
+#define RELAY_ID_MAX    64 /* locked_by is VARCHAR(64) */
+#define ENV_PREFIX      "OUTBOX_"
 
 /* One key's value while loading: the text it was given and where from. */
 struct slot {
@@ -175,7 +175,7 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		config_format_duration(k->min, lo, sizeof(lo));
 		config_format_duration(k->max, hi, sizeof(hi));
 		snprintf(buf, n, "%sa duration %s..%s (500ms, 30s, 5m, 2h, 7d or seconds)",
-			 k->zero_ok ? "0 or " : "", lo, hi);
+		         k->zero_ok ? "0 or " : "", lo, hi);
 		return;
 	case CONFIG_ENUM: {
 		size_t len = 0;
@@ -193,8 +193,10 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 	}
 	switch (k->check) {
 	case CONFIG_CHECK_TABLE:
-		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,50} (51 bytes at most, "
-			 "so that derived index names fit), optionally schema-qualified (schema.table)");
+		snprintf(buf, n,
+		         "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,50} (51 bytes at most, "
+		         "so that derived index names fit), optionally schema-qualified "
+		         "(schema.table)");
 		break;
 	case CONFIG_CHECK_CHANNEL:
 		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema");
@@ -203,8 +205,9 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		snprintf(buf, n, "a URL starting with amqp:// or amqps://");
 		break;
 	case CONFIG_CHECK_LISTEN:
-		snprintf(buf, n, "\"\" (disabled) or host:port with port 1..65535 "
-			 "(host empty, IPv4, a name or [IPv6])");
+		snprintf(buf, n,
+		         "\"\" (disabled) or host:port with port 1..65535 "
+		         "(host empty, IPv4, a name or [IPv6])");
 		break;
 	case CONFIG_CHECK_RELAY_ID:
 		snprintf(buf, n, "a non-empty string of at most %d bytes", RELAY_ID_MAX);
@@ -241,7 +244,7 @@ static void given_text(const struct config_key *k, const char *v, char *buf, siz
 }
 
 static void report_bad(struct config_errors *errs, const struct config_key *k,
-		       const struct given *g)
+                       const struct given *g)
 {
 	char got[160], allowed[256];
 
@@ -252,7 +255,7 @@ static void report_bad(struct config_errors *errs, const struct config_key *k,
 
 /* Parses g for key k into s. On a bad value reports it and leaves s's value as it was. */
 static int assign(struct slot *s, const struct config_key *k, const struct given *g,
-		  struct config_errors *errs)
+                  struct config_errors *errs)
 {
 	int64_t num = 0;
 	bool flag = false;
@@ -370,22 +373,27 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 
 		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
 		if (idx < 0 && config_key_is_section(e->key)) {
-			config_errors_add(errs, "%s: got %s (%s); allowed: an object holding %s.* "
-					  "keys", e->key, e->text, source, e->key);
+			config_errors_add(errs,
+			                  "%s: got %s (%s); allowed: an object holding %s.* "
+			                  "keys",
+			                  e->key, e->text, source, e->key);
 			continue;
 		}
 		if (idx < 0) {
-			config_errors_add(errs, "%s: unknown key (%s); allowed: a key listed by "
-					  "`outbox-relay config show`", e->key, source);
+			config_errors_add(errs,
+			                  "%s: unknown key (%s); allowed: a key listed by "
+			                  "`outbox-relay config show`",
+			                  e->key, source);
 			continue;
 		}
 		for (size_t j = 0; j < i; j++) {
 			/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins
 			 * would be an accident of iteration order. */
 			if (strcmp(f.v[j].key, e->key) == 0) {
-				config_errors_add(errs, "%s: given twice (%s and line %d); "
-						  "allowed: one value per key", e->key, source,
-						  f.v[j].line);
+				config_errors_add(errs,
+				                  "%s: given twice (%s and line %d); "
+				                  "allowed: one value per key",
+				                  e->key, source, f.v[j].line);
 				slots[idx].failed = true;
 				break;
 			}
@@ -477,18 +485,19 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 			/* The file's path is not a secret; a _FILE form would only be a second
 			 * way to say the same thing. */
 			config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration "
-					  "variable (env OUTBOX_CONFIG_FILE); allowed: "
-					  "OUTBOX_CONFIG=<path of the JSON config file>");
+			                        "variable (env OUTBOX_CONFIG_FILE); allowed: "
+			                        "OUTBOX_CONFIG=<path of the JSON config file>");
 			continue;
 		}
 		if (!known) {
 			/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run
 			 * silently with the default. */
-			config_errors_add(errs, "%.*s: unknown configuration variable "
-					  "(env %.*s); allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE "
-					  "for a key listed by `outbox-relay config show`, or "
-					  "OUTBOX_CONFIG", (int)name_len, entry, (int)name_len,
-					  entry);
+			config_errors_add(errs,
+			                  "%.*s: unknown configuration variable "
+			                  "(env %.*s); allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE "
+			                  "for a key listed by `outbox-relay config show`, or "
+			                  "OUTBOX_CONFIG",
+			                  (int)name_len, entry, (int)name_len, entry);
 		}
 	}
 	for (size_t i = 0; i < nkeys; i++) {
@@ -497,8 +506,10 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, source };
 
 		if (plain[i] && file[i]) {
-			config_errors_add(errs, "%s: both %s and %s_FILE are set (env); allowed: "
-					  "only one of them", k->name, k->env, k->env);
+			config_errors_add(errs,
+			                  "%s: both %s and %s_FILE are set (env); allowed: "
+			                  "only one of them",
+			                  k->name, k->env, k->env);
 			slots[i].failed = true;
 		} else if (plain[i]) {
 			snprintf(source, sizeof(source), "env %s", k->env);
@@ -511,12 +522,13 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 			snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, file[i]);
 			if (!secret) {
 				const char *why = err == EINVAL ? "not a text file or too large"
-								: strerror(err);
+				                                : strerror(err);
 
-				config_errors_add(errs, "%s: could not read %s_FILE \"%s\": %s "
-						  "(env %s_FILE); allowed: a readable file "
-						  "holding the value", k->name, k->env, file[i],
-						  why, k->env);
+				config_errors_add(errs,
+				                  "%s: could not read %s_FILE \"%s\": %s "
+				                  "(env %s_FILE); allowed: a readable file "
+				                  "holding the value",
+				                  k->name, k->env, file[i], why, k->env);
 				slots[i].failed = true;
 				continue;
 			}
@@ -531,7 +543,7 @@ out:
 }
 
 static void load_sets(const struct config_sources *src, struct slot *slots,
-		      struct config_errors *errs)
+                      struct config_errors *errs)
 {
 	for (size_t i = 0; i < src->nsets; i++) {
 		const char *set = src->sets[i];
@@ -541,15 +553,19 @@ static void load_sets(const struct config_sources *src, struct slot *slots,
 		int idx;
 
 		if (!eq) {
-			config_errors_add(errs, "--set \"%s\": missing '=' (flag --set); allowed: "
-					  "key=value", set ? set : "");
+			config_errors_add(errs,
+			                  "--set \"%s\": missing '=' (flag --set); allowed: "
+			                  "key=value",
+			                  set ? set : "");
 			continue;
 		}
 		snprintf(key, sizeof(key), "%.*s", (int)(eq - set), set);
 		idx = config_key_index(key);
 		if (idx < 0) {
-			config_errors_add(errs, "%s: unknown key (flag --set); allowed: a key "
-					  "listed by `outbox-relay config show`", key);
+			config_errors_add(errs,
+			                  "%s: unknown key (flag --set); allowed: a key "
+			                  "listed by `outbox-relay config show`",
+			                  key);
 			continue;
 		}
 		g.text = eq + 1;
@@ -576,15 +592,17 @@ static void check_rules(struct slot *slots, struct config_errors *errs)
 	 * in flight here: every slow confirm would become a duplicate. */
 	if (!lease->failed && !confirm->failed && lease->num <= confirm->num) {
 		config_format_duration(confirm->num, v, sizeof(v));
-		config_errors_add(errs, "relay.lease: got \"%s\" (%s); allowed: more than "
-				  "amqp.confirm_timeout, which is %s (%s)", lease->text,
-				  lease->source, v, confirm->source);
+		config_errors_add(errs,
+		                  "relay.lease: got \"%s\" (%s); allowed: more than "
+		                  "amqp.confirm_timeout, which is %s (%s)",
+		                  lease->text, lease->source, v, confirm->source);
 	}
 	if (!bmin->failed && !bmax->failed && bmin->num > bmax->num) {
 		config_format_duration(bmax->num, v, sizeof(v));
-		config_errors_add(errs, "relay.retry_backoff_min: got \"%s\" (%s); allowed: at "
-				  "most relay.retry_backoff_max, which is %s (%s)", bmin->text,
-				  bmin->source, v, bmax->source);
+		config_errors_add(errs,
+		                  "relay.retry_backoff_min: got \"%s\" (%s); allowed: at "
+		                  "most relay.retry_backoff_max, which is %s (%s)",
+		                  bmin->text, bmin->source, v, bmax->source);
 	}
 }
 
@@ -625,11 +643,11 @@ static struct config *build(struct slot *slots)
 			break;
 		}
 	}
-	c->relay_ordering = slots[slot_index("relay.ordering")].num == 1
-				    ? CONFIG_ORDERING_SKIP_DEAD : CONFIG_ORDERING_STRICT;
+	c->relay_ordering = slots[slot_index("relay.ordering")].num == 1 ? CONFIG_ORDERING_SKIP_DEAD
+	                                                                 : CONFIG_ORDERING_STRICT;
 	c->log_level = (enum config_log_level)slots[slot_index("log.level")].num;
-	c->log_format = slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON
-								  : CONFIG_LOG_TEXT;
+	c->log_format =
+	        slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON : CONFIG_LOG_TEXT;
 	return c;
 }
 
@@ -721,8 +739,8 @@ void config_value_text(const struct config *c, size_t i, char *buf, size_t n)
 		config_format_duration(*(const int64_t *)(const void *)(base + k->field), buf, n);
 		break;
 	case CONFIG_BOOL:
-		snprintf(buf, n, "%s", *(const bool *)(const void *)(base + k->field) ? "true"
-										       : "false");
+		snprintf(buf, n, "%s",
+		         *(const bool *)(const void *)(base + k->field) ? "true" : "false");
 		break;
 	case CONFIG_ENUM:
 		if (strcmp(k->name, "relay.ordering") == 0)

@@ -60,8 +60,8 @@ struct config_errors {
 
 /* Inputs to config_load(). All borrowed for the duration of the call. */
 struct config_sources {
-	const char *file;           /* --config FILE, or NULL to use OUTBOX_CONFIG from env */
-	const char *const *sets;    /* "key=value" strings from --set, in order */
+	const char *file;        /* --config FILE, or NULL to use OUTBOX_CONFIG from env */
+	const char *const *sets; /* "key=value" strings from --set, in order */
 	size_t nsets;
 	const char *const *environ; /* NULL-terminated "NAME=value" list (usually environ) */
 };
@@ -72,14 +72,14 @@ struct config_sources {
  * cross-key rules (relay.lease > amqp.confirm_timeout, backoff min <= max, valid table
  * identifier) are all errors. OUTBOX_CONFIG, OUTBOX_CONFIG_FILE are not keys. */
 struct config *config_load(const struct config_sources *src, struct config_errors *errs)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 void config_free(struct config *c); /* accepts NULL */
 void config_errors_clear(struct config_errors *errs);
 
 /* The key table, for `config show`, the start-up log line and the README. */
 size_t config_key_count(void);
-const char *config_key_name(size_t i);    /* "relay.batch_size" */
-const char *config_key_help(size_t i);    /* one line */
+const char *config_key_name(size_t i); /* "relay.batch_size" */
+const char *config_key_help(size_t i); /* one line */
 bool config_key_sensitive(size_t i);
 /* The environment variable name of key i, e.g. "OUTBOX_RELAY_BATCH_SIZE" (static storage). */
 const char *config_key_env(size_t i);

@@ -7,10 +7,10 @@
 #include "config/config.h"
 #include "config/config_keys.h"
 
-#define SEC 1000LL
-#define MIN (60 * SEC)
+#define SEC  1000LL
+#define MIN  (60 * SEC)
 #define HOUR (60 * MIN)
-#define DAY (24 * HOUR)
+#define DAY  (24 * HOUR)
 
 #define FIELD(f) offsetof(struct config, f)
 
@@ -77,8 +77,7 @@ static const struct config_key keys[] = {
 	  ordering_choices, CONFIG_CHECK_NONE, CONFIG_NO_FIELD,
 	  "a dead keyed row blocks its key (strict) or is set aside (skip-dead)" },
 	{ "relay.workers", "OUTBOX_RELAY_WORKERS", CONFIG_INT, "1", 1, 64, false, false, NULL,
-	  CONFIG_CHECK_NONE, FIELD(relay_workers),
-	  "relay threads, each with its own connections" },
+	  CONFIG_CHECK_NONE, FIELD(relay_workers), "relay threads, each with its own connections" },
 	{ "relay.purge_interval", "OUTBOX_RELAY_PURGE_INTERVAL", CONFIG_DURATION, "1h", 1 * SEC,
 	  30 * DAY, false, false, NULL, CONFIG_CHECK_NONE, FIELD(relay_purge_interval_ms),
 	  "how often published rows older than relay.retention are purged" },

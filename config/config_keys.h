@@ -25,15 +25,15 @@ enum config_check {
 
 struct config_key {
 	const char *name;
-	const char *env;           /* OUTBOX_ + name upper-cased, '.' -> '_' */
+	const char *env; /* OUTBOX_ + name upper-cased, '.' -> '_' */
 	enum config_type type;
-	const char *def;           /* default as text; NULL = computed at load (relay.id) */
-	int64_t min, max;          /* int: value bounds; duration: milliseconds */
-	bool zero_ok;              /* duration: 0 is allowed besides min..max */
-	bool sensitive;            /* value never printed; shown through config_redact */
+	const char *def;            /* default as text; NULL = computed at load (relay.id) */
+	int64_t min, max;           /* int: value bounds; duration: milliseconds */
+	bool zero_ok;               /* duration: 0 is allowed besides min..max */
+	bool sensitive;             /* value never printed; shown through config_redact */
 	const char *const *choices; /* enum: NULL-terminated names, index = enum value */
 	enum config_check check;
-	size_t field;              /* offsetof in struct config, or CONFIG_NO_FIELD (enums) */
+	size_t field; /* offsetof in struct config, or CONFIG_NO_FIELD (enums) */
 	const char *help;
 };
 
@@ -43,15 +43,22 @@ const struct config_key *config_key_at(size_t i);
 bool config_key_is_section(const char *path);
 
 /* A value given in the JSON file, flattened to its dotted key. */
-enum config_json_kind { CONFIG_JSON_STRING, CONFIG_JSON_INT, CONFIG_JSON_REAL, CONFIG_JSON_BOOL,
-	CONFIG_JSON_NULL, CONFIG_JSON_ARRAY, CONFIG_JSON_OBJECT };
+enum config_json_kind {
+	CONFIG_JSON_STRING,
+	CONFIG_JSON_INT,
+	CONFIG_JSON_REAL,
+	CONFIG_JSON_BOOL,
+	CONFIG_JSON_NULL,
+	CONFIG_JSON_ARRAY,
+	CONFIG_JSON_OBJECT
+};
 
 struct config_file_entry {
-	char *key;   /* owned; dotted path, e.g. "relay.batch_size" */
-	char *text;  /* owned; the value as text ("500", "0.5", "true", "[...]") */
+	char *key;  /* owned; dotted path, e.g. "relay.batch_size" */
+	char *text; /* owned; the value as text ("500", "0.5", "true", "[...]") */
 	enum config_json_kind kind;
-	int64_t ms;  /* kind INT or REAL: the number read as seconds, in ms (for durations) */
-	bool ms_ok;  /* ms holds a usable, non-negative value */
+	int64_t ms; /* kind INT or REAL: the number read as seconds, in ms (for durations) */
+	bool ms_ok; /* ms holds a usable, non-negative value */
 	int line;
 };
 
@@ -64,7 +71,7 @@ struct config_file {
  * On failure returns -1 and appends one line describing why (unreadable file, JSON syntax
  * error with file:line:column, top level not an object) to errs; out is untouched. */
 int config_file_read(const char *path, struct config_file *out, struct config_errors *errs)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 void config_file_clear(struct config_file *f);
 
 /* Replaces // and block comments outside JSON strings with spaces, keeping newlines so that
@@ -75,11 +82,11 @@ void config_strip_comments(char *text);
 int config_parse_int(const char *s, int64_t *out) __attribute__((warn_unused_result));
 int config_parse_bool(const char *s, bool *out) __attribute__((warn_unused_result));
 int config_parse_enum(const char *s, const char *const *choices, int64_t *out)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 
 /* Appends one formatted line to errs. Returns 0, or -1 when out of memory or when the list is
  * full (then the line is dropped: a start-up that already failed needs no more). */
 int config_errors_add(struct config_errors *errs, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+        __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -14,8 +14,8 @@
 #include "config/config_keys.h"
 
 /* A config file is a page of settings; anything this large is a mistake, not a config. */
-#define CONFIG_FILE_MAX (1024 * 1024)
-#define CONFIG_PATH_MAX 256
+#define CONFIG_FILE_MAX    (1024 * 1024)
+#define CONFIG_PATH_MAX    256
 #define CONFIG_ENTRIES_MAX 4096
 
 void config_strip_comments(char *text)
@@ -148,7 +148,7 @@ static int scan_key_lines(const char *text, struct key_lines *kl)
 				int w;
 
 				w = snprintf(path + base, sizeof(path) - base, "%s%.*s",
-					     base ? "." : "", (int)klen, start);
+				             base ? "." : "", (int)klen, start);
 				if (w < 0 || (size_t)w >= sizeof(path) - base) {
 					path[base] = '\0';
 					last_key_len = base;
@@ -257,12 +257,13 @@ static char *json_text(json_t *v, enum config_json_kind *kind, int64_t *ms, bool
 /* Flattens obj into dotted entries, descending only into sections the key table knows, so
  * that an unknown section is reported once as an unknown key rather than once per leaf. */
 static int flatten(json_t *obj, const char *prefix, const struct key_lines *kl,
-		   struct config_file *f, size_t *cap)
+                   struct config_file *f, size_t *cap)
 {
 	const char *name;
 	json_t *v;
 
-	json_object_foreach(obj, name, v) {
+	json_object_foreach(obj, name, v)
+	{
 		char path[CONFIG_PATH_MAX];
 		struct config_file_entry e;
 		size_t seen = 0;
@@ -368,17 +369,21 @@ int config_file_read(const char *path, struct config_file *out, struct config_er
 	root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		config_errors_add(errs, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column,
-				  jerr.text);
+		                  jerr.text);
 		goto out;
 	}
 	if (!json_is_object(root)) {
-		config_errors_add(errs, "%s: invalid config file: the top level must be a JSON "
-				  "object", path);
+		config_errors_add(errs,
+		                  "%s: invalid config file: the top level must be a JSON "
+		                  "object",
+		                  path);
 		goto out;
 	}
 	if (scan_key_lines(text, &kl) < 0 || flatten(root, "", &kl, &f, &cap) < 0) {
-		config_errors_add(errs, "%s: could not read config file: out of memory or too "
-				  "many keys", path);
+		config_errors_add(errs,
+		                  "%s: could not read config file: out of memory or too "
+		                  "many keys",
+		                  path);
 		config_file_clear(&f);
 		goto out;
 	}
@@ -443,8 +448,8 @@ int config_parse_enum(const char *s, const char *const *choices, int64_t *out)
 
 int config_parse_duration(const char *s, int64_t *out_ms)
 {
-	static const int64_t pow10[] = { 1, 10, 100, 1000, 10000, 100000, 1000000, 10000000,
-					 100000000, 1000000000 };
+	static const int64_t pow10[] = { 1,      10,      100,      1000,      10000,
+		                         100000, 1000000, 10000000, 100000000, 1000000000 };
 	int64_t whole = 0, frac = 0, unit;
 	int frac_digits = 0;
 	bool digits = false;

@@ -62,7 +62,8 @@ int main(int argc, char **argv)
 		errno = 0;
 		seconds = strtol(argv[5], &end, 10);
 		if (errno || *end || seconds < 0) {
-			fprintf(stderr, "consumer: SECONDS must be a whole number, got '%s'\n", argv[5]);
+			fprintf(stderr, "consumer: SECONDS must be a whole number, got '%s'\n",
+			        argv[5]);
 			return 2;
 		}
 	}
@@ -107,7 +108,7 @@ int main(int argc, char **argv)
 	until = seconds ? time(NULL) + seconds : 0;
 	for (;;) {
 		amqp_envelope_t env;
-		struct timeval tv = {1, 0};
+		struct timeval tv = { 1, 0 };
 		amqp_rpc_reply_t r;
 		char id[128] = "";
 

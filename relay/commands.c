@@ -92,7 +92,8 @@ static int unknown_args(int argc, char **argv, const char *const *known, const c
 			if (strcmp(argv[i], known[k]) == 0)
 				ok = true;
 		if (!ok) {
-			fprintf(stderr, "outbox-relay: %s: unknown option '%s' (see outbox-relay help)\n",
+			fprintf(stderr,
+			        "outbox-relay: %s: unknown option '%s' (see outbox-relay help)\n",
 			        cmd, argv[i]);
 			return 2;
 		}
@@ -184,10 +185,11 @@ static int add_pair(json_t *obj, const char *kv)
 
 int command_enqueue(const struct config *cfg, int argc, char **argv)
 {
-	static const char *const known[] = {"--exchange",  "--routing-key",  "--body",
-	                                    "--body-file", "--header",       "--property",
-	                                    "--delay",     "--ordering-key", "--id",
-	                                    "--content-type", NULL};
+	static const char *const known[] = {
+		"--exchange", "--routing-key",  "--body",  "--body-file",
+		"--header",   "--property",     "--delay", "--ordering-key",
+		"--id",       "--content-type", NULL
+	};
 	struct outbox_message m;
 	json_t *headers = json_object(), *props = json_object();
 	char *headers_s = NULL, *props_s = NULL, *file_body = NULL;
@@ -222,13 +224,17 @@ int command_enqueue(const struct config *cfg, int argc, char **argv)
 			body_file = v;
 		} else if (strcmp(a, "--header") == 0 || strcmp(a, "--property") == 0) {
 			if (add_pair(a[2] == 'h' ? headers : props, v) < 0) {
-				fprintf(stderr, "outbox-relay: enqueue: %s wants key=value, got '%s'\n", a, v);
+				fprintf(stderr,
+				        "outbox-relay: enqueue: %s wants key=value, got '%s'\n", a,
+				        v);
 				goto out;
 			}
 		} else if (strcmp(a, "--delay") == 0) {
 			if (config_parse_duration(v, &m.delay_ms) < 0) {
-				fprintf(stderr, "outbox-relay: enqueue: --delay: not a duration: '%s' "
-				                "(allowed: 500ms, 30s, 5m, 2h, 7d or seconds)\n", v);
+				fprintf(stderr,
+				        "outbox-relay: enqueue: --delay: not a duration: '%s' "
+				        "(allowed: 500ms, 30s, 5m, 2h, 7d or seconds)\n",
+				        v);
 				goto out;
 			}
 		} else if (strcmp(a, "--ordering-key") == 0) {
@@ -240,14 +246,16 @@ int command_enqueue(const struct config *cfg, int argc, char **argv)
 		}
 	}
 	if (!m.exchange || !m.routing_key || (!m.body && !body_file)) {
-		fputs("outbox-relay: enqueue needs --exchange, --routing-key and --body or --body-file\n",
+		fputs("outbox-relay: enqueue needs --exchange, --routing-key and --body or "
+		      "--body-file\n",
 		      stderr);
 		goto out;
 	}
 	if (body_file) {
 		file_body = read_file(body_file, &m.body_len);
 		if (!file_body) {
-			fprintf(stderr, "outbox-relay: enqueue: could not read --body-file '%s': %s\n",
+			fprintf(stderr,
+			        "outbox-relay: enqueue: could not read --body-file '%s': %s\n",
 			        body_file, errno ? strerror(errno) : "too large");
 			rc = 1;
 			goto out;
@@ -270,9 +278,9 @@ int command_enqueue(const struct config *cfg, int argc, char **argv)
 		rnd[6] = (unsigned char)((rnd[6] & 0x0f) | 0x40);
 		rnd[8] = (unsigned char)((rnd[8] & 0x3f) | 0x80);
 		snprintf(idbuf, sizeof(idbuf),
-		         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", rnd[0],
-		         rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7], rnd[8], rnd[9], rnd[10],
-		         rnd[11], rnd[12], rnd[13], rnd[14], rnd[15]);
+		         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7], rnd[8],
+		         rnd[9], rnd[10], rnd[11], rnd[12], rnd[13], rnd[14], rnd[15]);
 		m.id = idbuf;
 	}
 	headers_s = json_dumps(headers, JSON_COMPACT);
@@ -316,7 +324,7 @@ out:
 
 int command_status(const struct config *cfg, int argc, char **argv)
 {
-	static const char *const known[] = {"--json", NULL};
+	static const char *const known[] = { "--json", NULL };
 	struct store_options o;
 	struct store_status st;
 	struct store *s;
@@ -330,14 +338,14 @@ int command_status(const struct config *cfg, int argc, char **argv)
 	if (store_status(s, &st) < 0)
 		return store_failed(s, "read the status");
 	if (has_flag(argc, argv, "--json")) {
-		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table",
-		                      cfg->database_table, "pending", (json_int_t)st.pending, "leased",
-		                      (json_int_t)st.leased, "dead", (json_int_t)st.dead, "published",
-		                      (json_int_t)st.published, "oldest_pending_age_seconds",
-		                      st.oldest_pending_age_s, "blocked_keys",
-		                      (json_int_t)st.blocked_keys, "oldest_blocked_key",
-		                      st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
-		                      "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
+		json_t *j = json_pack(
+		        "{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table", cfg->database_table,
+		        "pending", (json_int_t)st.pending, "leased", (json_int_t)st.leased, "dead",
+		        (json_int_t)st.dead, "published", (json_int_t)st.published,
+		        "oldest_pending_age_seconds", st.oldest_pending_age_s, "blocked_keys",
+		        (json_int_t)st.blocked_keys, "oldest_blocked_key",
+		        st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
+		        "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
 
 		if (j) {
 			json_dumpf(j, stdout, JSON_INDENT(2));
@@ -368,11 +376,12 @@ static void print_list(const struct store_list *l, bool json, bool keyed)
 			const struct store_listed *it = &l->items[i];
 
 			json_array_append_new(
-				arr, json_pack("{s:s,s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "id", it->id,
-			                   "exchange", it->exchange, "routing_key", it->routing_key,
-			                   "ordering_key", it->ordering_key, "attempts", it->attempts,
-			                   "last_error", it->last_error, "created_at", it->created_at,
-			                   "available_at", it->available_at));
+			        arr,
+			        json_pack("{s:s,s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "id", it->id,
+			                  "exchange", it->exchange, "routing_key", it->routing_key,
+			                  "ordering_key", it->ordering_key, "attempts",
+			                  it->attempts, "last_error", it->last_error, "created_at",
+			                  it->created_at, "available_at", it->available_at));
 		}
 		if (arr) {
 			json_dumpf(arr, stdout, JSON_INDENT(2));
@@ -392,13 +401,15 @@ static void print_list(const struct store_list *l, bool json, bool keyed)
 			printf("key '%s'  head %s  attempts %d  exchange '%s' routing key '%s'  "
 			       "available %s\n  last error: %s\n",
 			       it->ordering_key ? it->ordering_key : "", it->id, it->attempts,
-			       it->exchange, it->routing_key, it->available_at ? it->available_at : "",
+			       it->exchange, it->routing_key,
+			       it->available_at ? it->available_at : "",
 			       it->last_error ? it->last_error : "(none)");
 		else
 			printf("%s  attempts %d  exchange '%s' routing key '%s'%s%s%s  created %s\n"
 			       "  last error: %s\n",
 			       it->id, it->attempts, it->exchange, it->routing_key,
-			       it->ordering_key ? "  key '" : "", it->ordering_key ? it->ordering_key : "",
+			       it->ordering_key ? "  key '" : "",
+			       it->ordering_key ? it->ordering_key : "",
 			       it->ordering_key ? "'" : "", it->created_at ? it->created_at : "",
 			       it->last_error ? it->last_error : "(none)");
 	}
@@ -425,9 +436,9 @@ static int parse_limit(int argc, char **argv, size_t *limit)
 
 int command_dead(const struct config *cfg, int argc, char **argv)
 {
-	static const char *const known[] = {"--json", "--limit", NULL};
+	static const char *const known[] = { "--json", "--limit", NULL };
 	struct store_options o;
-	struct store_list l = {0};
+	struct store_list l = { 0 };
 	struct store *s;
 	size_t limit = 1000;
 	int rc;
@@ -451,9 +462,9 @@ int command_dead(const struct config *cfg, int argc, char **argv)
 
 int command_keys(const struct config *cfg, int argc, char **argv)
 {
-	static const char *const known[] = {"--blocked", "--json", "--limit", NULL};
+	static const char *const known[] = { "--blocked", "--json", "--limit", NULL };
 	struct store_options o;
-	struct store_list l = {0};
+	struct store_list l = { 0 };
 	struct store *s;
 	size_t limit = 1000;
 	int rc;
@@ -477,8 +488,8 @@ int command_keys(const struct config *cfg, int argc, char **argv)
 
 static int ids_command(const struct config *cfg, int argc, char **argv, bool requeue)
 {
-	static const char *const known_rq[] = {"--id", "--all-dead", NULL};
-	static const char *const known_ds[] = {"--id", NULL};
+	static const char *const known_rq[] = { "--id", "--all-dead", NULL };
+	static const char *const known_ds[] = { "--id", NULL };
 	const char *name = requeue ? "requeue" : "discard";
 	struct store_options o;
 	struct store *s;

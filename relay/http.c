@@ -22,10 +22,10 @@
 
 /* Scrapers and probes are few; the limits keep a flood of idle connections from pinning
  * memory or the one polling thread. */
-#define HTTP_CONNECTION_LIMIT 32u
+#define HTTP_CONNECTION_LIMIT     32u
 #define HTTP_CONNECTION_TIMEOUT_S 10u
-#define HTTP_BACKLOG 16
-#define HTTP_MAX_WORKERS ((int)(sizeof(g_metrics.tick_ms) / sizeof(g_metrics.tick_ms[0])))
+#define HTTP_BACKLOG              16
+#define HTTP_MAX_WORKERS          ((int)(sizeof(g_metrics.tick_ms) / sizeof(g_metrics.tick_ms[0])))
 
 struct http_server {
 	struct MHD_Daemon *daemon;
@@ -64,8 +64,10 @@ static int parse_listen(const char *listen, struct endpoint *ep, char *err, size
 		colon = strrchr(listen, ':');
 		if (colon == NULL || strchr(listen, ':') != colon) {
 			/* Several colons without brackets is an IPv6 address we cannot split. */
-			snprintf(err, errlen, "bad listen address '%s': expected host:port, "
-			         "[ipv6]:port or :port", listen);
+			snprintf(err, errlen,
+			         "bad listen address '%s': expected host:port, "
+			         "[ipv6]:port or :port",
+			         listen);
 			return -1;
 		}
 		host = listen;
@@ -290,11 +292,10 @@ struct http_server *http_start(const char *listen, int64_t stale_after_ms, const
 	fd = open_listener(&ep, listen, err, errlen);
 	if (fd < 0)
 		goto out;
-	h->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, handle, h,
-	                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-	                             MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-	                             MHD_OPTION_CONNECTION_TIMEOUT, HTTP_CONNECTION_TIMEOUT_S,
-	                             MHD_OPTION_END);
+	h->daemon = MHD_start_daemon(
+	        MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET,
+	        (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
+	        MHD_OPTION_CONNECTION_TIMEOUT, HTTP_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
 	if (h->daemon == NULL) {
 		snprintf(err, errlen, "could not start the HTTP server on %s", listen);
 		goto out;
@@ -407,8 +408,7 @@ static ssize_t exchange(int fd, const char *req, size_t reqlen, char *resp, size
 	return (ssize_t)got;
 }
 
-int http_get_status(const char *listen, const char *path, int timeout_ms, char *err,
-                    size_t errlen)
+int http_get_status(const char *listen, const char *path, int timeout_ms, char *err, size_t errlen)
 {
 	struct endpoint ep;
 	struct addrinfo hints, *res = NULL, *ai;
@@ -449,7 +449,8 @@ int http_get_status(const char *listen, const char *path, int timeout_ms, char *
 		goto out;
 	}
 
-	n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s%s%s:%s\r\n"
+	n = snprintf(req, sizeof(req),
+	             "GET %s HTTP/1.0\r\nHost: %s%s%s:%s\r\n"
 	             "User-Agent: outbox-relay-healthcheck\r\nConnection: close\r\n\r\n",
 	             path, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
 	             ep.port);

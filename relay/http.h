@@ -17,7 +17,6 @@ void http_stop(struct http_server *h); /* accepts NULL */
 
 /* Client side, for `outbox-relay healthcheck`: GET path on listen; returns the HTTP status,
  * or -1 with a reason in err. */
-int http_get_status(const char *listen, const char *path, int timeout_ms, char *err,
-                    size_t errlen);
+int http_get_status(const char *listen, const char *path, int timeout_ms, char *err, size_t errlen);
 
 #endif

@@ -263,8 +263,7 @@ static void write_all(const char *buf, size_t n)
 }
 
 /* Writes ts, level, component and msg into l; the caller adds pairs and calls line_end(). */
-static bool line_begin(struct line *l, enum log_level level, const char *component,
-                       const char *msg)
+static bool line_begin(struct line *l, enum log_level level, const char *component, const char *msg)
 {
 	char ts[48];
 	bool json = atomic_load_explicit(&g_format, memory_order_relaxed) == LOG_FORMAT_JSON;

@@ -21,7 +21,7 @@ bool log_enabled(enum log_level level);
  * always). A value may be NULL (written as ""). Thread-safe: each line is one write(2).
  * Never pass message bodies or secrets. */
 void log_event(enum log_level level, const char *component, const char *msg, ...)
-	__attribute__((sentinel));
+        __attribute__((sentinel));
 
 /* The same with the pairs in an array: kv[2i] is a key, kv[2i+1] its value (borrowed). */
 void log_event_kv(enum log_level level, const char *component, const char *msg,

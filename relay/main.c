@@ -11,30 +11,30 @@
 extern char **environ;
 
 static const char usage[] =
-	"usage: outbox-relay [--config FILE] [--set key=value ...] [COMMAND] [ARGS]\n"
-	"\n"
-	"commands:\n"
-	"  run                      relay the outbox to the broker (default)\n"
-	"  schema                   print the table's DDL (apply with psql)\n"
-	"  migrate                  create or upgrade the table in place\n"
-	"  enqueue                  insert one message: --exchange X --routing-key K\n"
-	"                           (--body TEXT | --body-file F) [--header k=v ...]\n"
-	"                           [--property k=v ...] [--content-type T] [--delay D]\n"
-	"                           [--ordering-key K] [--id ID]\n"
-	"  status [--json]          pending, leased, dead, published rows, oldest pending age\n"
-	"  dead [--json] [--limit N]  list dead rows with their last error\n"
-	"  requeue --id ID... | --all-dead   make dead or failed rows pending again\n"
-	"  discard --id ID...       delete unpublished rows\n"
-	"  keys --blocked [--json]  ordering keys held up by a failed or dead head row\n"
-	"  purge --older-than D     delete published rows older than D\n"
-	"  config check|show        validate, or print the effective configuration\n"
-	"  healthcheck              exit 0 when /readyz answers 200 (Docker HEALTHCHECK)\n"
-	"  version                  print the version\n"
-	"  help                     this text\n"
-	"\n"
-	"Configuration: built-in defaults < JSON file (--config or OUTBOX_CONFIG) <\n"
-	"OUTBOX_* environment variables < --set flags. `outbox-relay config show` lists\n"
-	"every key with its value and where it came from.\n";
+        "usage: outbox-relay [--config FILE] [--set key=value ...] [COMMAND] [ARGS]\n"
+        "\n"
+        "commands:\n"
+        "  run                      relay the outbox to the broker (default)\n"
+        "  schema                   print the table's DDL (apply with psql)\n"
+        "  migrate                  create or upgrade the table in place\n"
+        "  enqueue                  insert one message: --exchange X --routing-key K\n"
+        "                           (--body TEXT | --body-file F) [--header k=v ...]\n"
+        "                           [--property k=v ...] [--content-type T] [--delay D]\n"
+        "                           [--ordering-key K] [--id ID]\n"
+        "  status [--json]          pending, leased, dead, published rows, oldest pending age\n"
+        "  dead [--json] [--limit N]  list dead rows with their last error\n"
+        "  requeue --id ID... | --all-dead   make dead or failed rows pending again\n"
+        "  discard --id ID...       delete unpublished rows\n"
+        "  keys --blocked [--json]  ordering keys held up by a failed or dead head row\n"
+        "  purge --older-than D     delete published rows older than D\n"
+        "  config check|show        validate, or print the effective configuration\n"
+        "  healthcheck              exit 0 when /readyz answers 200 (Docker HEALTHCHECK)\n"
+        "  version                  print the version\n"
+        "  help                     this text\n"
+        "\n"
+        "Configuration: built-in defaults < JSON file (--config or OUTBOX_CONFIG) <\n"
+        "OUTBOX_* environment variables < --set flags. `outbox-relay config show` lists\n"
+        "every key with its value and where it came from.\n";
 
 typedef int (*command_fn)(const struct config *, int, char **);
 
@@ -42,11 +42,12 @@ static const struct {
 	const char *name;
 	command_fn fn;
 } commands[] = {
-	{"run", command_run},         {"schema", command_schema},   {"migrate", command_migrate},
-	{"enqueue", command_enqueue}, {"status", command_status},   {"dead", command_dead},
-	{"requeue", command_requeue}, {"discard", command_discard}, {"keys", command_keys},
-	{"purge", command_purge},     {"config", command_config},
-	{"healthcheck", command_healthcheck},
+	{ "run", command_run },         { "schema", command_schema },
+	{ "migrate", command_migrate }, { "enqueue", command_enqueue },
+	{ "status", command_status },   { "dead", command_dead },
+	{ "requeue", command_requeue }, { "discard", command_discard },
+	{ "keys", command_keys },       { "purge", command_purge },
+	{ "config", command_config },   { "healthcheck", command_healthcheck },
 };
 
 int main(int argc, char **argv)
@@ -59,7 +60,7 @@ int main(int argc, char **argv)
 	int nrest = 0;
 	command_fn fn = NULL;
 	struct config_sources src;
-	struct config_errors errs = {0};
+	struct config_errors errs = { 0 };
 	struct config *cfg = NULL;
 	int rc = 2;
 

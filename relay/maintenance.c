@@ -16,7 +16,7 @@
 #include "store/outbox_store.h"
 
 #define GAUGE_INTERVAL_MS 5000
-#define PURGE_BATCH 5000
+#define PURGE_BATCH       5000
 
 struct maintenance {
 	struct relay *relay;
@@ -40,8 +40,8 @@ static void refresh_gauges(struct maintenance *m)
 	struct store_status st;
 
 	if (store_status(m->store, &st) < 0) {
-		log_event(LOG_WARN, "maintenance", "could not read table status, will retry", "error",
-		          store_errmsg(m->store), (char *)NULL);
+		log_event(LOG_WARN, "maintenance", "could not read table status, will retry",
+		          "error", store_errmsg(m->store), (char *)NULL);
 		store_disconnect(m->store);
 		return;
 	}
@@ -70,8 +70,8 @@ static void purge(struct maintenance *m)
 	if (deleted > 0) {
 		snprintf(s_del, sizeof(s_del), "%" PRId64, deleted);
 		config_format_duration(cfg->relay_retention_ms, s_ret, sizeof(s_ret));
-		log_event(LOG_INFO, "maintenance", "purged published rows past retention", "rows", s_del,
-		          "retention", s_ret, (char *)NULL);
+		log_event(LOG_INFO, "maintenance", "purged published rows past retention", "rows",
+		          s_del, "retention", s_ret, (char *)NULL);
 	}
 }
 
@@ -84,7 +84,7 @@ static void *maintenance_main(void *arg)
 
 	while (!atomic_load(&m->relay->stopping)) {
 		int64_t now = clock_mono_ms(), wait;
-		struct pollfd p = {.fd = m->relay->wake_fd, .events = POLLIN};
+		struct pollfd p = { .fd = m->relay->wake_fd, .events = POLLIN };
 
 		if (!store_connected(m->store) && now >= retry_at) {
 			if (store_connect(m->store) < 0) {
@@ -92,8 +92,8 @@ static void *maintenance_main(void *arg)
 				retry_at = now + backoff_ms(500, 30000, failures, &m->seed);
 				if (failures == 1)
 					log_event(LOG_WARN, "maintenance",
-					          "could not connect to database, will retry", "error",
-					          store_errmsg(m->store), (char *)NULL);
+					          "could not connect to database, will retry",
+					          "error", store_errmsg(m->store), (char *)NULL);
 			} else {
 				failures = 0;
 			}
@@ -103,7 +103,8 @@ static void *maintenance_main(void *arg)
 				refresh_gauges(m);
 				next_gauges = now + GAUGE_INTERVAL_MS;
 			}
-			if (store_connected(m->store) && cfg->relay_retention_ms > 0 && now >= next_purge) {
+			if (store_connected(m->store) && cfg->relay_retention_ms > 0 &&
+			    now >= next_purge) {
 				purge(m);
 				next_purge = now + cfg->relay_purge_interval_ms;
 			}

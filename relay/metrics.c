@@ -20,8 +20,8 @@ const double metrics_bucket_bounds_s[METRICS_BUCKETS] = {
 /* The same bounds in whole microseconds, so that an observation exactly on a bound lands in
  * that bound's bucket (le means "less or equal") without floating point rounding. */
 static const uint64_t bucket_bounds_us[METRICS_BUCKETS] = {
-	500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
-	1000000, 2500000, 5000000, 10000000,
+	500,    1000,   2500,   5000,    10000,   25000,   50000,
+	100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000,
 };
 
 void metrics_observe(struct metrics_histogram *h, uint64_t us)
@@ -44,7 +44,7 @@ struct outbuf {
 };
 
 static void out_printf(struct outbuf *o, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+        __attribute__((format(printf, 2, 3)));
 
 static void out_printf(struct outbuf *o, const char *fmt, ...)
 {
@@ -149,7 +149,10 @@ static void label_value(const char *v, char *buf, size_t n)
 char *metrics_render(const char *version)
 {
 	static const char *const reasons[METRICS_FAIL_REASONS] = {
-		"nacked", "unroutable", "refused", "invalid",
+		"nacked",
+		"unroutable",
+		"refused",
+		"invalid",
 	};
 	struct metrics *m = &g_metrics;
 	struct outbuf o = { 0 };

@@ -11,8 +11,8 @@
 enum metrics_fail_reason {
 	METRICS_FAIL_NACKED = 0,
 	METRICS_FAIL_UNROUTABLE,
-	METRICS_FAIL_REFUSED,  /* channel closed by one publish: missing exchange, 406, 403 */
-	METRICS_FAIL_INVALID,  /* malformed row */
+	METRICS_FAIL_REFUSED, /* channel closed by one publish: missing exchange, 406, 403 */
+	METRICS_FAIL_INVALID, /* malformed row */
 	METRICS_FAIL_REASONS
 };
 
@@ -30,9 +30,9 @@ struct metrics {
 	atomic_ullong dead;
 	atomic_ullong claimed;
 	atomic_ullong released;
-	atomic_ullong skipped_dead; /* keyed rows set aside under skip-dead */
-	struct metrics_histogram batch_duration;   /* claim -> marked */
-	struct metrics_histogram confirm_latency;  /* publish -> confirm */
+	atomic_ullong skipped_dead;               /* keyed rows set aside under skip-dead */
+	struct metrics_histogram batch_duration;  /* claim -> marked */
+	struct metrics_histogram confirm_latency; /* publish -> confirm */
 	/* gauges refreshed by the maintenance loop */
 	atomic_llong pending;
 	atomic_llong leased;

@@ -10,8 +10,8 @@
 #include "config/config.h"
 
 struct relay {
-	const struct config *cfg;  /* borrowed, immutable */
-	atomic_int stopping;       /* set once by the signal handler */
+	const struct config *cfg; /* borrowed, immutable */
+	atomic_int stopping;      /* set once by the signal handler */
 	/* CLOCK_MONOTONIC ms after which waits for confirms give up (0 = none); set when
 	 * stopping so that shutdown is bounded by relay.shutdown_timeout. */
 	atomic_llong abort_at_ms;

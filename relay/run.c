@@ -21,7 +21,7 @@
 #define SUMMARY_INTERVAL_MS 10000
 
 static struct relay g_relay;
-static int wake_pipe[2] = {-1, -1};
+static int wake_pipe[2] = { -1, -1 };
 
 /* Async-signal-safe: an atomic flag and one write. A second signal cuts the wait for
  * outstanding confirms short. */
@@ -33,7 +33,8 @@ static void on_signal(int sig)
 	(void)sig;
 	if (atomic_exchange(&g_relay.stopping, 1)) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		atomic_store(&g_relay.abort_at_ms, (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+		atomic_store(&g_relay.abort_at_ms,
+		             (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 	} else if (wake_pipe[1] >= 0) {
 		ssize_t n = write(wake_pipe[1], "x", 1);
 		(void)n;
@@ -90,17 +91,19 @@ static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
 	}
 	snprintf(s_pub, sizeof(s_pub), "%" PRIu64, pub - (uint64_t)*last_pub);
 	snprintf(s_fail, sizeof(s_fail), "%" PRIu64, fail - *last_fail);
-	snprintf(s_rate, sizeof(s_rate), "%.0f/s", secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0);
+	snprintf(s_rate, sizeof(s_rate), "%.0f/s",
+	         secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0);
 	if (atomic_load(&g_metrics.table_stats_at_ms)) {
-		snprintf(s_pend, sizeof(s_pend), "%lld", (long long)atomic_load(&g_metrics.pending));
+		snprintf(s_pend, sizeof(s_pend), "%lld",
+		         (long long)atomic_load(&g_metrics.pending));
 		snprintf(s_age, sizeof(s_age), "%.1fs",
 		         (double)atomic_load(&g_metrics.oldest_pending_age_ms) / 1000.0);
 	} else {
 		snprintf(s_pend, sizeof(s_pend), "unknown");
 		snprintf(s_age, sizeof(s_age), "unknown");
 	}
-	log_event(LOG_INFO, "relay", "summary", "published", s_pub, "failed", s_fail, "rate", s_rate,
-	          "pending", s_pend, "oldest_pending_age", s_age, (char *)NULL);
+	log_event(LOG_INFO, "relay", "summary", "published", s_pub, "failed", s_fail, "rate",
+	          s_rate, "pending", s_pend, "oldest_pending_age", s_age, (char *)NULL);
 	*last_pub = (int64_t)pub;
 	*last_fail = fail;
 	*last_ms = now;
@@ -180,8 +183,8 @@ int command_run(const struct config *cfg, int argc, char **argv)
 
 	atomic_store(&g_metrics.workers, nworkers);
 	if (cfg->http_listen[0]) {
-		int64_t stale = 5 * cfg->relay_poll_interval_ms + cfg->amqp_confirm_timeout_ms +
-		                10000;
+		int64_t stale =
+		        5 * cfg->relay_poll_interval_ms + cfg->amqp_confirm_timeout_ms + 10000;
 
 		http = http_start(cfg->http_listen, stale, OUTBOX_VERSION, err, sizeof(err));
 		if (!http) {
@@ -204,7 +207,8 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	}
 	for (; started < nworkers; started++) {
 		if (pthread_create(&threads[started], NULL, worker_main, workers[started]) != 0) {
-			log_event(LOG_ERROR, "relay", "could not start a relay thread", (char *)NULL);
+			log_event(LOG_ERROR, "relay", "could not start a relay thread",
+			          (char *)NULL);
 			atomic_store(&g_relay.stopping, 1);
 			goto out;
 		}
@@ -212,7 +216,7 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	maint = maintenance_start(&g_relay);
 
 	while (!atomic_load(&g_relay.stopping)) {
-		struct pollfd p = {.fd = wake_pipe[0], .events = POLLIN};
+		struct pollfd p = { .fd = wake_pipe[0], .events = POLLIN };
 
 		(void)poll(&p, 1, 1000);
 		if (clock_mono_ms() - last_ms >= SUMMARY_INTERVAL_MS)

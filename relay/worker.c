@@ -77,8 +77,7 @@ struct worker {
 
 static void set_tick(struct worker *w)
 {
-	atomic_store_explicit(&g_metrics.tick_ms[w->index], clock_mono_ms(),
-	                      memory_order_relaxed);
+	atomic_store_explicit(&g_metrics.tick_ms[w->index], clock_mono_ms(), memory_order_relaxed);
 }
 
 static void fmt_ms(int64_t ms, char *buf, size_t n)
@@ -203,8 +202,9 @@ static void broker_failed(struct worker *w, int rc, bool in_batch)
 
 	broker_disconnect(w->broker);
 	if (w->mq.up && in_batch)
-		log_event(LOG_WARN, w->component, "broker did not confirm the batch, unconfirmed rows released",
-		          "reason", why, "error", broker_errmsg(w->broker), (char *)NULL);
+		log_event(LOG_WARN, w->component,
+		          "broker did not confirm the batch, unconfirmed rows released", "reason",
+		          why, "error", broker_errmsg(w->broker), (char *)NULL);
 	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
 }
 
@@ -276,12 +276,12 @@ static int grow(struct worker *w, size_t n)
 		return 0;
 	while (cap < n)
 		cap *= 2;
-#define GROW(field)                                                \
-	do {                                                           \
-		p = realloc(w->field, cap * sizeof(*w->field));            \
-		if (!p)                                                    \
-			return -1;                                             \
-		w->field = p;                                              \
+#define GROW(field)                                             \
+	do {                                                    \
+		p = realloc(w->field, cap * sizeof(*w->field)); \
+		if (!p)                                         \
+			return -1;                              \
+		w->field = p;                                   \
 	} while (0)
 	GROW(msgs);
 	GROW(res);
@@ -352,8 +352,9 @@ static int pay_owed(struct worker *w)
 		char rows[24];
 
 		snprintf(rows, sizeof(rows), "%zu", w->n_owed);
-		log_event(LOG_INFO, w->component, "marked rows confirmed while the database was away",
-		          "rows", rows, (char *)NULL);
+		log_event(LOG_INFO, w->component,
+		          "marked rows confirmed while the database was away", "rows", rows,
+		          (char *)NULL);
 	}
 	clear_owed(w);
 	return 0;
@@ -369,13 +370,14 @@ static void log_failure(struct worker *w, const struct store_row *row,
 	if (!f->dead) {
 		fmt_ms(f->delay_ms, wait, sizeof(wait));
 		log_event(LOG_WARN, w->component, "could not publish, will retry", "id", row->id,
-		          "exchange", row->exchange, "routing_key", row->routing_key, "attempt", att,
-		          "retry_in", wait, "error", res->error, (char *)NULL);
+		          "exchange", row->exchange, "routing_key", row->routing_key, "attempt",
+		          att, "retry_in", wait, "error", res->error, (char *)NULL);
 		return;
 	}
-	log_event(LOG_ERROR, w->component, "message is dead, an operator must requeue or discard it",
-	          "id", row->id, "exchange", row->exchange, "routing_key", row->routing_key,
-	          "attempts", att, "error", res->error,
+	log_event(LOG_ERROR, w->component,
+	          "message is dead, an operator must requeue or discard it", "id", row->id,
+	          "exchange", row->exchange, "routing_key", row->routing_key, "attempts", att,
+	          "error", res->error,
 	          /* last pair, so that an unkeyed row ends the list here */
 	          row->ordering_key ? "ordering_key" : NULL, row->ordering_key, (char *)NULL);
 	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
@@ -429,8 +431,8 @@ static void prepare(struct worker *w, const struct store_batch *b)
 
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
  * logs and counts the failures. */
-static void classify(struct worker *w, const struct store_batch *b, size_t *n_pub,
-                     size_t *n_fail, size_t *n_rel)
+static void classify(struct worker *w, const struct store_batch *b, size_t *n_pub, size_t *n_fail,
+                     size_t *n_rel)
 {
 	const struct config *cfg = w->cfg;
 
@@ -453,13 +455,14 @@ static void classify(struct worker *w, const struct store_batch *b, size_t *n_pu
 			attempts = r->attempts + 1;
 			f->id = r->id;
 			f->error = res->error;
-			f->dead = res->outcome == BROKER_INVALID || attempts >= cfg->relay_max_attempts;
+			f->dead = res->outcome == BROKER_INVALID ||
+			          attempts >= cfg->relay_max_attempts;
 			if (res->outcome == BROKER_INVALID)
 				attempts = (int)cfg->relay_max_attempts;
 			f->delay_ms = f->dead ? 0
 			                      : backoff_ms(cfg->relay_retry_backoff_min_ms,
-			                                   cfg->relay_retry_backoff_max_ms, attempts,
-			                                   &w->seed);
+			                                   cfg->relay_retry_backoff_max_ms,
+			                                   attempts, &w->seed);
 			atomic_fetch_add_explicit(&g_metrics.failed[fail_reason(res->outcome)], 1,
 			                          memory_order_relaxed);
 			if (f->dead)
@@ -701,18 +704,20 @@ void *worker_main(void *arg)
 				w->released[i] = x->rows[i].id;
 			if (store_release(w->store, w->released, x->n) < 0)
 				log_event(LOG_WARN, w->component,
-				          "could not release leases, they expire by themselves", "error",
-				          store_errmsg(w->store), (char *)NULL);
+				          "could not release leases, they expire by themselves",
+				          "error", store_errmsg(w->store), (char *)NULL);
 		}
 		x->n = 0;
 		if (w->n_owed && pay_owed(w) < 0)
-			log_event(LOG_WARN, w->component, "could not mark confirmed rows", (char *)NULL);
+			log_event(LOG_WARN, w->component, "could not mark confirmed rows",
+			          (char *)NULL);
 	}
 	if (w->n_owed)
-		log_event(LOG_WARN, w->component,
-		          "exiting with confirmed rows unmarked; they will be published again after "
-		          "their lease",
-		          (char *)NULL);
+		log_event(
+		        LOG_WARN, w->component,
+		        "exiting with confirmed rows unmarked; they will be published again after "
+		        "their lease",
+		        (char *)NULL);
 	if (w->db.up)
 		atomic_fetch_sub_explicit(&g_metrics.db_up, 1, memory_order_relaxed);
 	if (w->mq.up)

@@ -141,9 +141,9 @@ static char *dup_value(const PGresult *res, int row, int col, bool *failed)
 }
 
 /* Columns: id, exchange, routing key, ordering key, last_error, attempts, created, available. */
-#define LIST_COLUMNS                                                                     \
-	"id, exchange_name, routing_key, ordering_key, last_error, attempts, "           \
-	ISO("created_at") ", " ISO("available_at")
+#define LIST_COLUMNS                                                                \
+	"id, exchange_name, routing_key, ordering_key, last_error, attempts, " ISO( \
+	        "created_at") ", " ISO("available_at")
 
 static int run_list(struct store *s, const char *sql, size_t limit, struct store_list *out,
                     const char *what)

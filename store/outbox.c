@@ -10,9 +10,9 @@
 #include "store/outbox.h"
 #include "store/store_private.h"
 
-#define ID_MAX_BYTES 64
+#define ID_MAX_BYTES   64
 #define NAME_MAX_CHARS 255 /* VARCHAR(255): exchange, routing key, content type, key */
-#define IDENT_MAX 63
+#define IDENT_MAX      63
 #define INSERT_SQL_MAX 1024
 
 static void set_err(char *errbuf, size_t errlen, const char *msg, const char *detail)
@@ -84,8 +84,8 @@ static bool json_object_ok(const char *s)
 
 	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
 		s++, n--;
-	while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' ||
-	                 s[n - 1] == '\r'))
+	while (n > 0 &&
+	       (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
 		n--;
 	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && utf8_chars(s, n) >= 0;
 }
@@ -115,7 +115,7 @@ static bool base64_ok(const char *s, size_t len)
 static char *base64_encode(const unsigned char *in, size_t len)
 {
 	static const char tab[] =
-		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 	size_t out_len = 4 * ((len + 2) / 3), i, j = 0;
 	char *out;
 
@@ -165,8 +165,8 @@ static bool table_ok(const char *t)
 }
 
 /* conn and m are borrowed; nothing is kept after the call. */
-int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m,
-               char *errbuf, size_t errlen)
+int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
+               size_t errlen)
 {
 	char sql[INSERT_SQL_MAX], delay[24];
 	const char *values[10];

@@ -15,24 +15,24 @@ extern "C" {
 
 /* One message. All pointers are borrowed for the duration of outbox_add(). */
 struct outbox_message {
-	const char *id;            /* required, 1..64 bytes; becomes the AMQP message_id */
-	const char *exchange;      /* required; "" is the default exchange */
-	const char *routing_key;   /* required */
-	const void *body;          /* body bytes (may hold any bytes when body_encoding is NULL) */
+	const char *id;          /* required, 1..64 bytes; becomes the AMQP message_id */
+	const char *exchange;    /* required; "" is the default exchange */
+	const char *routing_key; /* required */
+	const void *body;        /* body bytes (may hold any bytes when body_encoding is NULL) */
 	size_t body_len;
-	const char *body_encoding; /* NULL: "utf-8" when body is valid UTF-8 without NUL bytes,
+	const char *body_encoding;   /* NULL: "utf-8" when body is valid UTF-8 without NUL bytes,
 	                              else the library stores it base64-encoded. "utf-8" or
 	                              "base64": body is stored as given (base64 = already encoded). */
-	const char *content_type;  /* NULL = "application/json" */
-	const char *headers_json;  /* NULL = "{}"; a JSON object */
+	const char *content_type;    /* NULL = "application/json" */
+	const char *headers_json;    /* NULL = "{}"; a JSON object */
 	const char *properties_json; /* NULL = "{}"; a JSON object */
-	const char *ordering_key;  /* NULL = no ordering */
-	int64_t delay_ms;          /* > 0: available_at = now() + delay */
+	const char *ordering_key;    /* NULL = no ordering */
+	int64_t delay_ms;            /* > 0: available_at = now() + delay */
 };
 
 enum outbox_result {
-	OUTBOX_ADDED = 0,      /* a new row was inserted */
-	OUTBOX_DUPLICATE = 1,  /* a row with this id exists already; nothing changed */
+	OUTBOX_ADDED = 0,        /* a new row was inserted */
+	OUTBOX_DUPLICATE = 1,    /* a row with this id exists already; nothing changed */
 	OUTBOX_ERR_INVALID = -1, /* the message or table name is malformed (see errbuf) */
 	OUTBOX_ERR_QUERY = -2,   /* the INSERT failed (see errbuf); the caller's transaction is
 	                            then aborted, as any failed statement aborts it */
@@ -42,8 +42,8 @@ enum outbox_result {
 /* Inserts m into table (NULL = "outbox"; a plain or schema-qualified identifier) with
  * INSERT ... ON CONFLICT (id) DO NOTHING on conn. On error writes one line to errbuf
  * (if errlen > 0). conn is borrowed; its transaction state is left to the caller. */
-int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m,
-               char *errbuf, size_t errlen);
+int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
+               size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -13,14 +13,14 @@
 /* A claimed batch may carry large bodies, but never more than this in one go. */
 #define BATCH_BUF_MAX ((size_t)1 << 30)
 /* Parameter literals: 10000 ids or 10000 error texts of 1000 characters fit. */
-#define ARRAY_BUF_MAX ((size_t)64 << 20)
+#define ARRAY_BUF_MAX  ((size_t)64 << 20)
 #define ELEM_CHARS_MAX 1000
-#define SQL_MAX 4096
+#define SQL_MAX        4096
 
 /* Columns a store_row needs, in the order parse_batch() reads them. */
-#define ROW_COLUMNS                                                                      \
-	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, "         \
-	"o.content_type, o.headers, o.properties, o.ordering_key, "                      \
+#define ROW_COLUMNS                                                              \
+	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, " \
+	"o.content_type, o.headers, o.properties, o.ordering_key, "              \
 	"floor(extract(epoch FROM o.created_at))::bigint, o.attempts"
 enum {
 	COL_SEQ,
@@ -44,19 +44,20 @@ enum {
 };
 
 /* Names of the prepared statements (per connection). */
-#define ST_CLAIM "outbox_claim"
-#define ST_MARK "outbox_mark"
-#define ST_DELETE "outbox_delete"
-#define ST_FAIL "outbox_fail"
-#define ST_RELEASE "outbox_release"
+#define ST_CLAIM       "outbox_claim"
+#define ST_MARK        "outbox_mark"
+#define ST_DELETE      "outbox_delete"
+#define ST_FAIL        "outbox_fail"
+#define ST_RELEASE     "outbox_release"
 #define ST_RELEASE_ALL "outbox_release_all"
-#define ST_ARM "outbox_arm"
+#define ST_ARM         "outbox_arm"
 
 /* Columns store_connect() insists on in relay mode (DESIGN §1). */
 static const char *const required_columns[] = {
-	"seq", "id", "exchange_name", "routing_key", "body", "body_encoding", "content_type",
-	"headers", "properties", "ordering_key", "txid", "created_at", "available_at",
-	"published_at", "attempts", "last_error", "locked_by", "locked_until",
+	"seq",           "id",           "exchange_name", "routing_key",  "body",
+	"body_encoding", "content_type", "headers",       "properties",   "ordering_key",
+	"txid",          "created_at",   "available_at",  "published_at", "attempts",
+	"last_error",    "locked_by",    "locked_until",
 };
 
 /* ---- errors ---- */
@@ -396,36 +397,37 @@ static int prepare_statements(struct store *s)
 	 * higher id may hold a lower seq. Instead keyed rows are claimable up to a watermark
 	 * seq that is known settled (see struct ordering_watermark in store_private.h). The disarm CTE clears the wake-up flag in the same round
 	 * trip. The order is the pending index's, so the scan stops after about $3 rows. */
-	w = snprintf(sql, sizeof(sql),
-	             "WITH disarm AS (UPDATE %s SET armed_until = NULL"
-	             " WHERE $1::boolean AND armed_until IS NOT NULL),"
-	             " c AS (SELECT o.seq FROM %s o"
-	             " WHERE o.published_at IS NULL AND o.seq >= $6::bigint"
-	             " AND o.attempts < $2::int"
-	             " AND o.available_at <= now()"
-	             " AND (o.locked_until IS NULL OR o.locked_until < now())"
-	             " AND (o.ordering_key IS NULL OR ("
-	             "o.seq <= CASE WHEN pg_snapshot_xmin(pg_current_snapshot()) >= $8::xid8"
-	             " THEN $9::bigint ELSE $7::bigint END"
-	             " AND NOT EXISTS (SELECT 1 FROM %s p"
-	             " WHERE p.ordering_key = o.ordering_key"
-	             " AND p.published_at IS NULL AND p.seq < o.seq%s)))"
-	             " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
-	             " u AS (UPDATE %s o SET locked_by = $4::text,"
-	             " locked_until = now() + $5::bigint * interval '1 millisecond'"
-	             " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS ")"
-	             " SELECT u.*, NULL::bigint, NULL::text, NULL::text, NULL::boolean FROM u"
-	             " UNION ALL"
-	             " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-	             " NULL, COALESCE(pg_sequence_last_value("
-	             "pg_get_serial_sequence('%s', 'seq')::regclass), 0),"
-	             " pg_snapshot_xmin(pg_current_snapshot())::text,"
-	             " pg_snapshot_xmax(pg_current_snapshot())::text,"
-	             /* Only the newest rows lie above the settled watermark, so this walks a few
+	w = snprintf(
+	        sql, sizeof(sql),
+	        "WITH disarm AS (UPDATE %s SET armed_until = NULL"
+	        " WHERE $1::boolean AND armed_until IS NOT NULL),"
+	        " c AS (SELECT o.seq FROM %s o"
+	        " WHERE o.published_at IS NULL AND o.seq >= $6::bigint"
+	        " AND o.attempts < $2::int"
+	        " AND o.available_at <= now()"
+	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
+	        " AND (o.ordering_key IS NULL OR ("
+	        "o.seq <= CASE WHEN pg_snapshot_xmin(pg_current_snapshot()) >= $8::xid8"
+	        " THEN $9::bigint ELSE $7::bigint END"
+	        " AND NOT EXISTS (SELECT 1 FROM %s p"
+	        " WHERE p.ordering_key = o.ordering_key"
+	        " AND p.published_at IS NULL AND p.seq < o.seq%s)))"
+	        " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
+	        " u AS (UPDATE %s o SET locked_by = $4::text,"
+	        " locked_until = now() + $5::bigint * interval '1 millisecond'"
+	        " FROM c WHERE o.seq = c.seq RETURNING " ROW_COLUMNS ")"
+	        " SELECT u.*, NULL::bigint, NULL::text, NULL::text, NULL::boolean FROM u"
+	        " UNION ALL"
+	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+	        " NULL, COALESCE(pg_sequence_last_value("
+	        "pg_get_serial_sequence('%s', 'seq')::regclass), 0),"
+	        " pg_snapshot_xmin(pg_current_snapshot())::text,"
+	        " pg_snapshot_xmax(pg_current_snapshot())::text,"
+	        /* Only the newest rows lie above the settled watermark, so this walks a few
 	              * entries of the pending index at most. */
-	             " EXISTS (SELECT 1 FROM %s k WHERE k.published_at IS NULL"
-	             " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL ORDER BY k.seq LIMIT 1)",
-	             wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t, t);
+	        " EXISTS (SELECT 1 FROM %s k WHERE k.published_at IS NULL"
+	        " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL ORDER BY k.seq LIMIT 1)",
+	        wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t, t);
 	if ((rc = prepare_one(s, ST_CLAIM, 9, sql, w)) != 0)
 		return rc;
 
@@ -571,13 +573,18 @@ int store_connect(struct store *s)
 	/* Ours first, the user's string (dbname, expanded) last: libpq keeps the last value of
 	 * a repeated keyword, so anything the user sets wins. Keepalives notice a dead peer
 	 * (a pulled cable, a failed-over VIP) in about 25 s instead of the kernel's 2 hours. */
-	const char *keys[] = { "application_name", "keepalives", "keepalives_idle",
-		               "keepalives_interval", "keepalives_count", "client_encoding",
-		               "dbname", NULL };
-	const char *vals[] = { s->opts.application_name ? s->opts.application_name
-		                                         : "outbox-relay",
-		               "1", "10", "5", "3", "UTF8",
-		               s->opts.conninfo ? s->opts.conninfo : "", NULL };
+	const char *keys[] = { "application_name", "keepalives",
+		               "keepalives_idle",  "keepalives_interval",
+		               "keepalives_count", "client_encoding",
+		               "dbname",           NULL };
+	const char *vals[] = { s->opts.application_name ? s->opts.application_name : "outbox-relay",
+		               "1",
+		               "10",
+		               "5",
+		               "3",
+		               "UTF8",
+		               s->opts.conninfo ? s->opts.conninfo : "",
+		               NULL };
 	char sql[STORE_NAME_MAX + 32];
 	PGresult *res = NULL;
 	int rc;
@@ -819,8 +826,10 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 			total += (size_t)PQgetlength(res, i, c) + 1;
 	nt = take_watermark_sample(s, res, nt);
 	if (total > BATCH_BUF_MAX) {
-		store_set_error(s, "claimed batch of %d rows needs %zu bytes, more than the limit "
-		                "of %zu: lower relay.batch_size", nt, total, BATCH_BUF_MAX);
+		store_set_error(s,
+		                "claimed batch of %d rows needs %zu bytes, more than the limit "
+		                "of %zu: lower relay.batch_size",
+		                nt, total, BATCH_BUF_MAX);
 		return STORE_ERR_NOMEM;
 	}
 	if ((size_t)nt > out->cap) {
@@ -845,9 +854,9 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 	}
 	for (int i = 0; i < nt; i++) {
 		struct store_row *r = &out->rows[k];
-		const char **dst[] = { &r->id, &r->exchange, &r->routing_key, &r->body,
-			               &r->body_encoding, &r->content_type, &r->headers,
-			               &r->properties, &r->ordering_key };
+		const char **dst[] = { &r->id,      &r->exchange,      &r->routing_key,
+			               &r->body,    &r->body_encoding, &r->content_type,
+			               &r->headers, &r->properties,    &r->ordering_key };
 		int64_t v;
 
 		if (PQgetisnull(res, i, COL_SEQ))
@@ -983,8 +992,7 @@ int store_claim(struct store *s, bool disarm, struct store_batch *out)
 
 /* ---- mark, fail, release ---- */
 
-int store_mark_published_send(struct store *s, const char *const *ids, size_t n,
-                              bool delete_rows)
+int store_mark_published_send(struct store *s, const char *const *ids, size_t n, bool delete_rows)
 {
 	const char *arr;
 	int rc;
@@ -1065,8 +1073,7 @@ static const char *failure_error_at(const void *items, size_t i)
 	return e ? e : "";
 }
 
-int store_mark_failed(struct store *s, const struct store_failure *f, size_t n,
-                      size_t *n_changed)
+int store_mark_failed(struct store *s, const struct store_failure *f, size_t n, size_t *n_changed)
 {
 	const char *params[6];
 	char max[16];

@@ -21,16 +21,16 @@ enum store_err {
 
 /* Borrowed by store_new() for the store's lifetime (the relay keeps config alive). */
 struct store_options {
-	const char *conninfo;    /* libpq conninfo or URI; "" = PG* environment */
-	const char *table;       /* validated identifier, maybe schema-qualified */
-	const char *channel;     /* LISTEN channel ("" = do not LISTEN) */
-	const char *relay_id;    /* written to locked_by */
+	const char *conninfo;         /* libpq conninfo or URI; "" = PG* environment */
+	const char *table;            /* validated identifier, maybe schema-qualified */
+	const char *channel;          /* LISTEN channel ("" = do not LISTEN) */
+	const char *relay_id;         /* written to locked_by */
 	const char *application_name; /* "outbox-relay", "outbox-relay worker 2", ... */
 	int64_t lease_ms;
 	int max_attempts;
-	bool skip_dead;          /* relay.ordering = skip-dead */
+	bool skip_dead; /* relay.ordering = skip-dead */
 	int batch_size;
-	bool admin;              /* CLI/maintenance use: store_connect() neither prepares the
+	bool admin; /* CLI/maintenance use: store_connect() neither prepares the
 	                            relay statements, checks the table, nor LISTENs */
 };
 
@@ -41,7 +41,7 @@ struct store_row {
 	const char *id;
 	const char *exchange;
 	const char *routing_key;
-	const char *body;         /* as stored (base64 text when body_encoding = base64) */
+	const char *body; /* as stored (base64 text when body_encoding = base64) */
 	size_t body_len;
 	const char *body_encoding;
 	const char *content_type;
@@ -68,16 +68,16 @@ void store_batch_free(struct store_batch *b); /* frees storage, not b itself */
 /* A failed row, for store_mark_failed(). All borrowed. */
 struct store_failure {
 	const char *id;
-	const char *error;   /* truncated to 1000 chars when written */
-	int64_t delay_ms;    /* available_at = now() + delay_ms */
-	bool dead;           /* attempts = max_attempts (can never be published) */
+	const char *error; /* truncated to 1000 chars when written */
+	int64_t delay_ms;  /* available_at = now() + delay_ms */
+	bool dead;         /* attempts = max_attempts (can never be published) */
 };
 
 struct store;
 
 /* New, unconnected handle. opts and its strings are borrowed. NULL on out of memory. */
 struct store *store_new(const struct store_options *opts);
-void store_free(struct store *s); /* closes the connection; accepts NULL */
+void store_free(struct store *s);                /* closes the connection; accepts NULL */
 const char *store_errmsg(const struct store *s); /* borrowed, valid until the next call */
 
 /* Connects (closing any previous connection), prepares the statements and LISTENs on the
@@ -93,13 +93,12 @@ int store_socket(const struct store *s);
  * statement and fills out (previous contents dropped). With disarm, the same statement also
  * clears the wake-up flag (call it after a wake). On error out->n = 0. */
 int store_claim(struct store *s, bool disarm, struct store_batch *out)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* The same split in two, so the relay can publish while the database works:
  * store_claim_send() queues the claim; store_claim_recv() waits for and reads it. No other
  * store call may be made in between. */
 int store_claim_send(struct store *s, bool disarm) __attribute__((warn_unused_result));
-int store_claim_recv(struct store *s, struct store_batch *out)
-	__attribute__((warn_unused_result));
+int store_claim_recv(struct store *s, struct store_batch *out) __attribute__((warn_unused_result));
 
 /* Makes the following claims consider only rows with seq >= from_seq (0 = all rows).
  * Why: a mark leaves the row's entry in the pending index until vacuum removes it, so on a
@@ -124,21 +123,21 @@ int store_settle_watermark(struct store *s) __attribute__((warn_unused_result));
  * them when delete_rows. Not fenced by locked_by: a confirmed row is published whoever holds
  * it now. Rows already published are left alone. */
 int store_mark_published(struct store *s, const char *const *ids, size_t n, bool delete_rows)
-	__attribute__((warn_unused_result));
-int store_mark_published_send(struct store *s, const char *const *ids, size_t n,
-                              bool delete_rows) __attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
+int store_mark_published_send(struct store *s, const char *const *ids, size_t n, bool delete_rows)
+        __attribute__((warn_unused_result));
 int store_mark_published_recv(struct store *s) __attribute__((warn_unused_result));
 
 /* Records failures in one statement: attempts + 1 (or max_attempts when dead), last_error,
  * available_at = now() + delay, lease released. Fenced: only rows still locked_by this relay
  * are touched. *n_changed (may be NULL) gets how many rows were updated. */
-int store_mark_failed(struct store *s, const struct store_failure *f, size_t n,
-                      size_t *n_changed) __attribute__((warn_unused_result));
+int store_mark_failed(struct store *s, const struct store_failure *f, size_t n, size_t *n_changed)
+        __attribute__((warn_unused_result));
 
 /* Releases the leases of ids (attempts unchanged), fenced by locked_by. With ids == NULL,
  * releases every row this relay id holds (orderly shutdown). */
 int store_release(struct store *s, const char *const *ids, size_t n)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 
 /* Arms the wake-up flag so that producers' commits NOTIFY the channel for the next ttl_ms
  * (the flag expires by itself if the relay dies). Call before sleeping, then claim once more
@@ -151,12 +150,12 @@ int store_consume_input(struct store *s, bool *woken) __attribute__((warn_unused
 /* ---- operator queries (CLI, maintenance thread) ---- */
 
 struct store_status {
-	int64_t pending;           /* published_at IS NULL AND attempts < max (leased included) */
+	int64_t pending; /* published_at IS NULL AND attempts < max (leased included) */
 	int64_t leased;
 	int64_t dead;
-	int64_t published;         /* retained published rows */
-	double oldest_pending_age_s; /* 0 when none */
-	int64_t blocked_keys;      /* keys whose head row is failed-in-backoff or dead */
+	int64_t published;            /* retained published rows */
+	double oldest_pending_age_s;  /* 0 when none */
+	int64_t blocked_keys;         /* keys whose head row is failed-in-backoff or dead */
 	char oldest_blocked_key[256]; /* "" when none */
 	double oldest_blocked_age_s;
 };
@@ -181,17 +180,17 @@ void store_list_free(struct store_list *l); /* frees contents, not l */
 
 /* Dead rows, oldest first, at most limit (0 = all). */
 int store_dead(struct store *s, size_t limit, struct store_list *out)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* Head rows of blocked ordering keys (failed and waiting, or dead), oldest first. */
 int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* attempts = 0, last_error = NULL, available_at = now(), lease cleared, for unpublished ids;
  * all_dead: every dead row. *n_changed gets the count. */
 int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_dead,
                   int64_t *n_changed) __attribute__((warn_unused_result));
 /* Deletes unpublished ids. */
 int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_changed)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* Deletes published rows older than older_than_ms, at most batch rows per statement, until
  * none are left or *stop becomes true (may be NULL). *n_deleted gets the total. */
 int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_int *stop,

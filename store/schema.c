@@ -14,7 +14,7 @@
  * identifiers at 63 bytes, which could make an index collide with the table itself, so base
  * names are limited to leave room for the suffix. */
 #define DERIVED_SUFFIX_MAX 12
-#define IDENT_MAX 63
+#define IDENT_MAX          63
 
 static size_t ident_part_len(const char *s)
 {
@@ -128,8 +128,8 @@ static void sbuf_add(struct sbuf *b, const char *fmt, ...)
 
 /* The names this schema derives from the table name; NULL when the name is refused. */
 struct names {
-	char t[STORE_NAME_MAX];       /* the table, as given */
-	char prefix[STORE_NAME_MAX];  /* "schema." or "" */
+	char t[STORE_NAME_MAX];      /* the table, as given */
+	char prefix[STORE_NAME_MAX]; /* "schema." or "" */
 	char base[STORE_NAME_MAX];
 };
 

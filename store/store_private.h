@@ -10,7 +10,7 @@
 #include "store/outbox_store.h"
 
 /* Longest "schema.table" plus the longest suffix we derive ("_pending_idx") and a NUL. */
-#define STORE_NAME_MAX 160
+#define STORE_NAME_MAX   160
 #define STORE_ERRMSG_MAX 512
 
 /* Which _send call is waiting for its _recv. */
@@ -53,18 +53,18 @@ struct ordering_watermark {
 		uint64_t x;
 	} pend[WM_PENDING];
 	int npend;
-	bool stuck; /* the oldest candidate waits for a transaction that is still running */
+	bool stuck;         /* the oldest candidate waits for a transaction that is still running */
 	bool keyed_waiting; /* the last claim saw a keyed row above the settled watermark */
 };
 
 struct store {
-	struct store_options opts;   /* strings borrowed from the caller */
+	struct store_options opts; /* strings borrowed from the caller */
 	PGconn *conn;
-	bool prepared;               /* the relay statements exist on this connection */
+	bool prepared; /* the relay statements exist on this connection */
 	enum store_inflight inflight;
 	int64_t claim_floor; /* store_set_claim_floor() */
 	struct ordering_watermark wm;
-	char table[STORE_NAME_MAX];  /* as given, validated: "outbox" or "app.outbox" */
+	char table[STORE_NAME_MAX]; /* as given, validated: "outbox" or "app.outbox" */
 	char errmsg[STORE_ERRMSG_MAX];
 	/* Reused text-array literals ({"a","b"}) for the id/error parameters: no allocation per
 	 * call once warm. */
@@ -99,7 +99,7 @@ int store_result_error(struct store *s, const PGresult *res, const char *what);
  * PQclear()) gets the result. */
 int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
                ExecStatusType want, PGresult **out, const char *what)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* Builds a PostgreSQL text-array literal of n strings (get(items, i)) into the handle's
  * reusable slot; *out is borrowed from the handle until the next call with that slot. NULL
  * elements become NULL; each element is cut to 1000 characters (the widest column we
@@ -107,7 +107,7 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
  * statement. */
 int store_text_array(struct store *s, enum store_slot slot, const void *items, size_t n,
                      const char *(*get)(const void *items, size_t i), const char **out)
-	__attribute__((warn_unused_result));
+        __attribute__((warn_unused_result));
 /* The getter for a plain array of strings (const char *const *). */
 const char *store_string_at(const void *items, size_t i);
 /* Makes sure the connection is open; STORE_ERR_CONN otherwise. */

@@ -7,7 +7,7 @@
 
 #include "tests/support/fault.h"
 
-#define ROWS 30000
+#define ROWS  30000
 #define KILLS 10
 
 Test(fault, sigkill_ten_times_loses_nothing, .timeout = 600)

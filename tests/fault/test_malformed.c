@@ -9,7 +9,7 @@
 
 #include "tests/support/fault.h"
 
-#define GOOD 600
+#define GOOD         600
 #define MAX_ATTEMPTS 5
 
 struct bad {
@@ -23,8 +23,7 @@ struct bad {
 
 static const struct bad bad_rows[] = {
 	{ "bad-base64", "!!not base64!!", "base64", "{}", "{}", "body: invalid base64 at offset" },
-	{ "bad-encoding", "x", "utf-16", "{}", "{}",
-	  "body_encoding: unknown encoding 'utf-16'" },
+	{ "bad-encoding", "x", "utf-16", "{}", "{}", "body_encoding: unknown encoding 'utf-16'" },
 	{ "bad-headers-array", "x", "utf-8", "[1,2]", "{}", "headers: not a JSON object" },
 	{ "bad-headers-json", "x", "utf-8", "{\"a\":", "{}", "headers: invalid JSON" },
 	{ "bad-prop-name", "x", "utf-8", "{}", "{\"colour\":\"red\"}",
@@ -108,8 +107,10 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 	}
 	cr_assert_eq(fault_log_count(&f, "level=error"), (int)N_BAD,
 	             "want one error line per dead row");
-	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
-	                            " AND attempts > 0", f.table),
+	cr_assert_eq(harness_pg_int(f.pg,
+	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
+	                            " AND attempts > 0",
+	                            f.table),
 	             0, "good rows were charged for the bad ones");
 
 	/* The relay keeps serving. */
@@ -128,7 +129,8 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 		size_t i;
 		json_t *it;
 
-		json_array_foreach(list, i, it) {
+		json_array_foreach(list, i, it)
+		{
 			const char *id = json_string_value(json_object_get(it, "id"));
 			const char *e = json_string_value(json_object_get(it, "last_error"));
 
@@ -162,7 +164,8 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 	cr_assert(strstr(o.out, "discarded 1 row") != NULL, "discard said: %s", o.out);
 	harness_output_free(&o);
 	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE id = 'bad-delivery-mode'",
-	                            f.table), 0);
+	                            f.table),
+	             0);
 	HARNESS_WAIT(dead_count(&f) == (int64_t)N_BAD - 2, 30000);
 	cr_assert_eq(dead_count(&f), (int64_t)N_BAD - 2);
 

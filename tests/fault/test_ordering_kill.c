@@ -12,8 +12,8 @@
 #include "tests/support/ordering_load.h"
 
 #define DELIVERY_TIMEOUT_MS 300000
-#define EXIT_TIMEOUT_MS 30000
-#define N_RELAYS 3
+#define EXIT_TIMEOUT_MS     30000
+#define N_RELAYS            3
 
 /* Short leases, so that a killed relay's rows come back within seconds. */
 static const char *const relay_env[] = { "OUTBOX_RELAY_POLL_INTERVAL=200ms",
@@ -78,9 +78,9 @@ Test(ordering_kill, sigkill_never_reorders_a_key, .timeout = 800)
 	HARNESS_WAIT(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
 	                            table) == 0,
 	             60000);
-	cr_assert_eq(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            table),
-	             0, "rows left unpublished");
+	cr_assert_eq(
+	        harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", table), 0,
+	        "rows left unpublished");
 	harness_sleep_ms(1000);
 	fprintf(stderr, "ordering_kill: %d relays killed, %zu deliveries, %zu duplicates\n", kills,
 	        consumer_received(cons), consumer_duplicates(cons));

@@ -49,7 +49,7 @@ Test(fault, pg_restart_fast, .timeout = 300)
 	/* Duplicates allowed: confirmed rows whose mark was cut off are sent again. */
 	(void)fault_count(&f, "pg_restart", "pgr", n, &lost);
 	cr_assert_eq(lost, 0, "%zu committed rows never arrived", lost);
-	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", f.table),
-	             0, "a database restart must not charge attempts");
+	cr_assert_eq(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", f.table), 0,
+	             "a database restart must not charge attempts");
 	fault_teardown(&f);
 }

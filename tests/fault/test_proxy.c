@@ -63,9 +63,9 @@ static void net_finish(struct net *t, const char *name)
 	/* Duplicates allowed: what was in flight when the network failed is sent again. */
 	(void)fault_count(&t->f, name, "net", n, &lost);
 	cr_assert_eq(lost, 0, "%zu committed rows never arrived", lost);
-	cr_assert_eq(harness_pg_int(t->f.pg, "SELECT count(*) FROM %s WHERE attempts > 0",
-	                            t->f.table),
-	             0, "a network fault must not charge attempts");
+	cr_assert_eq(
+	        harness_pg_int(t->f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", t->f.table),
+	        0, "a network fault must not charge attempts");
 	fault_teardown(&t->f);
 	proxy_stop(t->mq);
 	proxy_stop(t->db);

@@ -11,7 +11,7 @@
 #include "tests/support/harness.h"
 #include "tests/support/http_probe.h"
 
-#define EXIT_TIMEOUT_MS 30000
+#define EXIT_TIMEOUT_MS  30000
 #define STATE_TIMEOUT_MS 120000
 
 static bool broker_stopped;
@@ -47,8 +47,7 @@ static void expect_status(const char *listen, const char *path, int want, const 
 	free(r.body);
 }
 
-static void wait_readyz(struct harness_relay *relay, const char *listen, int want,
-                        const char *when)
+static void wait_readyz(struct harness_relay *relay, const char *listen, int want, const char *when)
 {
 	struct probe_want w = { listen, want };
 
@@ -72,9 +71,11 @@ Test(fault, readyz_follows_the_broker, .timeout = 600, .fini = restore_broker)
 	pg = harness_pg_connect();
 	harness_migrate(table);
 	/* A short heartbeat makes an idle relay notice the lost connection soon. */
-	relay = harness_relay_start(table, (const char *const[]){
-		e_listen, "OUTBOX_AMQP_HEARTBEAT=2s", "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
-		NULL);
+	relay = harness_relay_start(table,
+	                            (const char *const[]){ e_listen, "OUTBOX_AMQP_HEARTBEAT=2s",
+	                                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                   NULL },
+	                            NULL);
 
 	wait_readyz(relay, listen, 200, "at start");
 	r = probe_get(listen, "/readyz");

@@ -29,8 +29,10 @@ static void insert_with(struct fault *f, const char *extra)
 	                " SELECT 'good-' || lpad(g::text, 7, '0'), '%s', 'good.rk', '{}'"
 	                " FROM generate_series(0, %d) g",
 	                f->table, f->exchange, GOOD / 2 - 1);
-	harness_pg_exec(f->pg, "INSERT INTO %s (id, exchange_name, routing_key, body, properties)"
-	                       " VALUES %s", f->table, extra);
+	harness_pg_exec(f->pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, properties)"
+	                " VALUES %s",
+	                f->table, extra);
 	harness_pg_exec(f->pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " SELECT 'good-' || lpad(g::text, 7, '0'), '%s', 'good.rk', '{}'"
@@ -46,8 +48,8 @@ static int64_t attempts_of(struct fault *f, const char *id)
 
 static void expect_error(struct fault *f, const char *id, const char *want)
 {
-	char *err = harness_pg_string(f->pg, "SELECT last_error FROM %s WHERE id = '%s'",
-	                              f->table, id);
+	char *err =
+	        harness_pg_string(f->pg, "SELECT last_error FROM %s WHERE id = '%s'", f->table, id);
 
 	cr_assert_not_null(err, "%s: no last_error", id);
 	cr_assert(strstr(err, want) != NULL, "%s: last_error '%s' does not say '%s'", id, err,
@@ -88,8 +90,10 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	cr_assert_geq(attempts_of(&f, "unrouted-1"), 1);
 	cr_assert_geq(attempts_of(&f, "noexchange-1"), 1);
 
-	snprintf(want, sizeof(want), "unroutable: exchange '%s' routing key 'lonely.key' has no "
-	         "binding", f.exchange);
+	snprintf(want, sizeof(want),
+	         "unroutable: exchange '%s' routing key 'lonely.key' has no "
+	         "binding",
+	         f.exchange);
 	expect_error(&f, "unrouted-1", want);
 	snprintf(want, sizeof(want), "exchange '%s' not found", nope);
 	expect_error(&f, "noexchange-1", want);
@@ -149,8 +153,11 @@ Test(fault, precondition_failed_charges_only_its_row, .timeout = 300)
 	expect_error(&f, "wrong-user-1", "PRECONDITION_FAILED");
 	expect_error(&f, "wrong-user-1", "someone-else");
 	cr_assert_null(consumer_find(f.cons, "wrong-user-1"));
-	HARNESS_WAIT(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
-	                                  " AND published_at IS NULL", f.table) == 0, 30000);
+	HARNESS_WAIT(harness_pg_int(f.pg,
+	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
+	                            " AND published_at IS NULL",
+	                            f.table) == 0,
+	             30000);
 	expect_good_uncharged(&f);
 	harness_sleep_ms(1000);
 	(void)fault_count(&f, "precondition_failed", "good", GOOD, &lost);

@@ -17,8 +17,8 @@ Test(fault, three_relays_no_faults, .timeout = 400)
 	fault_setup(&f, "fault_three");
 	harness_insert_rows(f.pg, f.table, ROWS, f.exchange, "three.relays", "three", NULL, NULL);
 	for (int i = 0; i < 3; i++)
-		fault_relay_start(&f, (const char *const[]){ ids[i], "OUTBOX_RELAY_BATCH_SIZE=100",
-		                                             NULL });
+		fault_relay_start(
+		        &f, (const char *const[]){ ids[i], "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
 	fault_expect_unique(&f, ROWS, FAULT_DELIVERY_TIMEOUT_MS);
 	fault_expect_settled(&f, 10, 60000);
 	harness_sleep_ms(1500);

@@ -217,10 +217,10 @@ Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
 	m[1].body_encoding = "base64";
 	m[1].content_type = "application/octet-stream";
 	m[2].headers_json = "{\"s\":\"x\",\"i\":42,\"r\":2.5,\"t\":true,\"n\":null,"
-			    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
+	                    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
 	m[2].properties_json = "{\"correlation_id\":\"c-9\",\"reply_to\":\"r\",\"type\":\"t\","
-			       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
-			       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
+	                       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
+	                       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	for (size_t i = 0; i < 3; i++) {
@@ -286,7 +286,7 @@ Test(broker, unroutable_row_is_returned_and_the_others_acked)
 	};
 	struct broker_result res[3];
 	char want[320];
-	const char *ids[3] = {"ret-1", "ret-2", "ret-3"};
+	const char *ids[3] = { "ret-1", "ret-2", "ret-3" };
 	size_t counts[3];
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
@@ -309,7 +309,7 @@ Test(broker, missing_exchange_is_refused_without_sending)
 	char nope[128], want[320];
 	struct broker_message m[4];
 	struct broker_result res[4];
-	const char *ids[4] = {"nx-1", "nx-2", "nx-3", "nx-4"};
+	const char *ids[4] = { "nx-1", "nx-2", "nx-3", "nx-4" };
 	size_t counts[4];
 
 	unique(nope, sizeof(nope), "nope");
@@ -337,7 +337,7 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 		msg("uid-5", exchange, "k", "e"),
 	};
 	struct broker_result res[5];
-	const char *ids[5] = {"uid-1", "uid-2", "uid-3", "uid-4", "uid-5"};
+	const char *ids[5] = { "uid-1", "uid-2", "uid-3", "uid-4", "uid-5" };
 	size_t counts[5];
 	char *url = strdup(amqp_url_env());
 	struct amqp_connection_info ci;
@@ -373,7 +373,7 @@ Test(broker, full_queue_with_reject_publish_nacks)
 {
 	char full[128];
 	amqp_table_entry_t e[2];
-	amqp_table_t args = {2, e};
+	amqp_table_t args = { 2, e };
 	struct broker_message m[3] = {
 		msg("nack-1", exchange, "full", "a"),
 		msg("nack-2", exchange, "full", "b"),
@@ -409,7 +409,7 @@ Test(broker, invalid_rows_are_not_sent)
 		msg("inv-4", exchange, "k", "y"),
 	};
 	struct broker_result res[4];
-	const char *ids[4] = {"inv-1", "inv-2", "inv-3", "inv-4"};
+	const char *ids[4] = { "inv-1", "inv-2", "inv-3", "inv-4" };
 	size_t counts[4];
 
 	m[0].body_encoding = "base64";

@@ -81,10 +81,12 @@ Test(harness, copy_insert_and_pg_helpers)
 	char t[64], *s;
 
 	harness_unique_name(t, sizeof(t), "hx");
-	harness_pg_exec(c,
-	                "CREATE TABLE %s (id text PRIMARY KEY, exchange_name text, routing_key text,"
-	                " body text, body_encoding text, content_type text, headers text,"
-	                " properties text, ordering_key text)", t);
+	harness_pg_exec(
+	        c,
+	        "CREATE TABLE %s (id text PRIMARY KEY, exchange_name text, routing_key text,"
+	        " body text, body_encoding text, content_type text, headers text,"
+	        " properties text, ordering_key text)",
+	        t);
 	harness_insert_rows(c, t, 2, "ex", "rk", "w", weird_row, NULL);
 	harness_insert_rows(c, t, 1000, "ex2", "rk2", "plain", NULL, NULL);
 	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 1002);
@@ -99,8 +101,11 @@ Test(harness, copy_insert_and_pg_helpers)
 	s = harness_pg_string(c, "SELECT body FROM %s WHERE id = 'plain-0000999'", t);
 	cr_assert_str_eq(s, "{\"n\":999,\"id\":\"plain-0000999\"}");
 	free(s);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE exchange_name = 'ex2' "
-	                               "AND routing_key = 'rk2' AND properties = '{}'", t), 1000);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM %s WHERE exchange_name = 'ex2' "
+	                            "AND routing_key = 'rk2' AND properties = '{}'",
+	                            t),
+	             1000);
 	char err[256];
 	cr_assert_neq(harness_pg_try_exec(c, err, sizeof(err), "SELECT * FROM %s_nope", t), 0);
 	cr_assert(strstr(err, "does not exist") != NULL, "%s", err);
@@ -130,32 +135,32 @@ Test(harness, consumer_records_properties_headers_and_duplicates)
 	cr_assert_not_null(conn);
 
 	inner[0] = (amqp_table_entry_t){ amqp_cstring_bytes("x"),
-	                                 { .kind = AMQP_FIELD_KIND_I32, .value.i32 = 7 } };
+		                         { .kind = AMQP_FIELD_KIND_I32, .value.i32 = 7 } };
 	arr[0] = (amqp_field_value_t){ .kind = AMQP_FIELD_KIND_UTF8,
-	                               .value.bytes = amqp_cstring_bytes("a") };
+		                       .value.bytes = amqp_cstring_bytes("a") };
 	arr[1] = (amqp_field_value_t){ .kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 0 };
 	entries[0] = (amqp_table_entry_t){ amqp_cstring_bytes("s"),
-	                                   { .kind = AMQP_FIELD_KIND_UTF8,
-	                                     .value.bytes = amqp_cstring_bytes("str") } };
+		                           { .kind = AMQP_FIELD_KIND_UTF8,
+		                             .value.bytes = amqp_cstring_bytes("str") } };
 	entries[1] = (amqp_table_entry_t){ amqp_cstring_bytes("i"),
-	                                   { .kind = AMQP_FIELD_KIND_I64,
-	                                     .value.i64 = -9007199254740993LL } };
+		                           { .kind = AMQP_FIELD_KIND_I64,
+		                             .value.i64 = -9007199254740993LL } };
 	entries[2] = (amqp_table_entry_t){ amqp_cstring_bytes("r"),
-	                                   { .kind = AMQP_FIELD_KIND_F64, .value.f64 = 2.5 } };
-	entries[3] = (amqp_table_entry_t){ amqp_cstring_bytes("b"),
-	                                   { .kind = AMQP_FIELD_KIND_BOOLEAN,
-	                                     .value.boolean = 1 } };
-	entries[4] = (amqp_table_entry_t){ amqp_cstring_bytes("n"),
-	                                   { .kind = AMQP_FIELD_KIND_VOID } };
+		                           { .kind = AMQP_FIELD_KIND_F64, .value.f64 = 2.5 } };
+	entries[3] =
+	        (amqp_table_entry_t){ amqp_cstring_bytes("b"),
+		                      { .kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1 } };
+	entries[4] =
+	        (amqp_table_entry_t){ amqp_cstring_bytes("n"), { .kind = AMQP_FIELD_KIND_VOID } };
 	entries[5] = (amqp_table_entry_t){ amqp_cstring_bytes("o"),
-	                                   { .kind = AMQP_FIELD_KIND_TABLE,
-	                                     .value.table = { 1, inner } } };
+		                           { .kind = AMQP_FIELD_KIND_TABLE,
+		                             .value.table = { 1, inner } } };
 	entries[6] = (amqp_table_entry_t){ amqp_cstring_bytes("a"),
-	                                   { .kind = AMQP_FIELD_KIND_ARRAY,
-	                                     .value.array = { 2, arr } } };
+		                           { .kind = AMQP_FIELD_KIND_ARRAY,
+		                             .value.array = { 2, arr } } };
 	entries[7] = (amqp_table_entry_t){ amqp_cstring_bytes("t"),
-	                                   { .kind = AMQP_FIELD_KIND_TIMESTAMP,
-	                                     .value.u64 = 1700000000 } };
+		                           { .kind = AMQP_FIELD_KIND_TIMESTAMP,
+		                             .value.u64 = 1700000000 } };
 	p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG |
 	           AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
 	           AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_CORRELATION_ID_FLAG |

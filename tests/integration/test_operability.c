@@ -14,10 +14,10 @@
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 120000
-#define EXIT_TIMEOUT_MS 30000
+#define EXIT_TIMEOUT_MS     30000
 /* The maintenance loop refreshes the table gauges every 5 s. */
 #define GAUGE_TIMEOUT_MS 30000
-#define ROWS 30
+#define ROWS             30
 
 struct op {
 	char table[48], exchange[64], queue[64];
@@ -124,11 +124,11 @@ static bool settled(void *arg)
 {
 	struct settle *s = arg;
 	char *m = scrape(s->t);
-	bool ok = sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
-	          sample(m, "outbox_relay_dead_rows") == 1 &&
-	          sample(m, "outbox_relay_pending_rows") == 0 &&
-	          sample(m, "outbox_relay_published_total") ==
-	                  (double)consumer_received(s->t->cons);
+	bool ok =
+	        sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
+	        sample(m, "outbox_relay_dead_rows") == 1 &&
+	        sample(m, "outbox_relay_pending_rows") == 0 &&
+	        sample(m, "outbox_relay_published_total") == (double)consumer_received(s->t->cons);
 
 	s->published = sample(m, "outbox_relay_published_total");
 	free(m);
@@ -144,9 +144,11 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 
 	op_setup(&t, "op_metrics");
 	insert_workload(&t, "op-unroutable");
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_listen, "OUTBOX_RELAY_MAX_ATTEMPTS=1", "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-		NULL }, NULL);
+	t.relay = harness_relay_start(
+	        t.table,
+	        (const char *const[]){ t.e_listen, "OUTBOX_RELAY_MAX_ATTEMPTS=1",
+	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
+	        NULL);
 	wait_ready(&t);
 	expect_delivered(&t, ROWS);
 
@@ -175,8 +177,10 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 	cr_assert_eq(sample(m, "outbox_relay_pending_rows"), 0, "%s", m);
 	cr_assert_geq(sample(m, "outbox_relay_oldest_pending_age_seconds"), 0, "%s", m);
 	free(m);
-	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
-	                            "AND attempts >= 1 AND id = 'op-unroutable'", t.table),
+	cr_assert_eq(harness_pg_int(t.pg,
+	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 1 AND id = 'op-unroutable'",
+	                            t.table),
 	             1, "the unroutable row is the dead one");
 
 	/* The container health check asks the same relay. */
@@ -213,16 +217,23 @@ Test(operability, json_logs_parse_line_by_line, .timeout = 300)
 	op_setup(&t, "op_json");
 	insert_workload(&t, "op-json-unroutable");
 	/* Debug adds the most kinds of lines; two attempts give a failure and then a death. */
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_listen, "OUTBOX_LOG_FORMAT=json", "OUTBOX_LOG_LEVEL=debug",
-		"OUTBOX_RELAY_MAX_ATTEMPTS=2", "OUTBOX_RELAY_RETRY_BACKOFF_MIN=100ms",
-		"OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(
+	        t.table,
+	        (const char *const[]){ t.e_listen, "OUTBOX_LOG_FORMAT=json",
+	                               "OUTBOX_LOG_LEVEL=debug", "OUTBOX_RELAY_MAX_ATTEMPTS=2",
+	                               "OUTBOX_RELAY_RETRY_BACKOFF_MIN=100ms",
+	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
+	        NULL);
 	expect_delivered(&t, ROWS);
-	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
-	                            "AND attempts >= 2", t.table) == 1,
+	HARNESS_WAIT(harness_pg_int(t.pg,
+	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 2",
+	                            t.table) == 1,
 	             60000);
-	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL "
-	                            "AND attempts >= 2", t.table),
+	cr_assert_eq(harness_pg_int(t.pg,
+	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
+	                            "AND attempts >= 2",
+	                            t.table),
 	             1, "the unroutable row never went dead");
 	st = harness_relay_stop(t.relay, SIGTERM, EXIT_TIMEOUT_MS);
 	cr_assert_eq(st, 0, "relay exited with %d", st);
@@ -268,15 +279,13 @@ Test(operability, json_logs_parse_line_by_line, .timeout = 300)
 
 /* ---- secrets ---- */
 
-#define PG_SECRET "pg-Secret-4f7d2"
+#define PG_SECRET   "pg-Secret-4f7d2"
 #define AMQP_SECRET "amqp-Secret-9c1e8"
 
 static void expect_no_secret(const char *what, const char *text)
 {
-	cr_assert_null(strstr(text, PG_SECRET), "%s shows the database password:\n%s", what,
-	               text);
-	cr_assert_null(strstr(text, AMQP_SECRET), "%s shows the broker password:\n%s", what,
-	               text);
+	cr_assert_null(strstr(text, PG_SECRET), "%s shows the database password:\n%s", what, text);
+	cr_assert_null(strstr(text, AMQP_SECRET), "%s shows the broker password:\n%s", what, text);
 }
 
 Test(operability, passwords_never_shown, .timeout = 300)
@@ -292,8 +301,8 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	harness_unique_name(user, sizeof(user), "relayuser");
 	cr_assert_eq(harness_shell("'%s' add_user '%s' '%s' >/dev/null", ctl, user, AMQP_SECRET),
 	             0);
-	cr_assert_eq(harness_shell("'%s' set_permissions -p / '%s' '.*' '.*' '.*' >/dev/null",
-	                           ctl, user),
+	cr_assert_eq(harness_shell("'%s' set_permissions -p / '%s' '.*' '.*' '.*' >/dev/null", ctl,
+	                           user),
 	             0);
 	/* The test server trusts loopback, so the database password is accepted and unused. */
 	snprintf(e_db, sizeof(e_db),
@@ -303,8 +312,11 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	         user, harness_amqp_port());
 
 	harness_insert_rows(t.pg, t.table, 5, t.exchange, "op.secret", "sec", NULL, NULL);
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		e_db, e_amqp, t.e_listen, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(t.table,
+	                              (const char *const[]){ e_db, e_amqp, t.e_listen,
+	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                     NULL },
+	                              NULL);
 	wait_ready(&t);
 	expect_delivered(&t, 5); /* both passwords worked */
 
@@ -322,8 +334,9 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	cr_assert_not_null(strstr(o.out, user), "%s", o.out);
 	harness_output_free(&o);
 
-	harness_cli(&o, t.table, (const char *const[]){ e_db, e_amqp,
-		"OUTBOX_RELAY_BATCH_SIZE=0", NULL }, "run", NULL);
+	harness_cli(&o, t.table,
+	            (const char *const[]){ e_db, e_amqp, "OUTBOX_RELAY_BATCH_SIZE=0", NULL }, "run",
+	            NULL);
 	cr_assert_eq(o.status, 2, "a bad batch size must stop the start: %s", o.err);
 	cr_assert_not_null(strstr(o.err, "relay.batch_size"), "%s", o.err);
 	expect_no_secret("a failed start", o.err);
@@ -331,8 +344,10 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	harness_output_free(&o);
 
 	/* A URL that fails validation is reported without its value. */
-	harness_cli(&o, t.table, (const char *const[]){ e_db,
-		"OUTBOX_AMQP_URL=ampq://x:" AMQP_SECRET "@127.0.0.1:5672", NULL }, "run", NULL);
+	harness_cli(&o, t.table,
+	            (const char *const[]){
+	                    e_db, "OUTBOX_AMQP_URL=ampq://x:" AMQP_SECRET "@127.0.0.1:5672", NULL },
+	            "run", NULL);
 	cr_assert_eq(o.status, 2, "a bad amqp.url must stop the start: %s", o.err);
 	cr_assert_not_null(strstr(o.err, "amqp.url"), "%s", o.err);
 	expect_no_secret("a failed start", o.err);

@@ -15,8 +15,8 @@
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 240000
-#define EXIT_TIMEOUT_MS 30000
-#define N_RELAYS 3
+#define EXIT_TIMEOUT_MS     30000
+#define N_RELAYS            3
 
 struct ord {
 	char table[48], exchange[64], queue[64];
@@ -124,12 +124,11 @@ Test(ordering, concurrent_producers_keep_seq_order_per_key, .timeout = 500)
 		char id[32];
 
 		snprintf(id, sizeof(id), "OUTBOX_RELAY_ID=ord-%d", i);
-		t.relay[i] = harness_relay_start(t.table,
-		                                 (const char *const[]){ id,
-		                                                        "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-		                                                        "OUTBOX_RELAY_BATCH_SIZE=50",
-		                                                        NULL },
-		                                 NULL);
+		t.relay[i] = harness_relay_start(
+		        t.table,
+		        (const char *const[]){ id, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+		                               "OUTBOX_RELAY_BATCH_SIZE=50", NULL },
+		        NULL);
 	}
 	t0 = harness_now_ms();
 	load = ordering_load_start(t.table, t.exchange, keys, per_key, 8, 20240611u);
@@ -139,12 +138,13 @@ Test(ordering, concurrent_producers_keep_seq_order_per_key, .timeout = 500)
 	/* The workload is only a test if transactions interleaved: rows whose transaction id is
 	 * lower than that of a row with a lower seq were inserted while another transaction was
 	 * still open. */
-	cr_assert_gt(harness_pg_int(t.pg,
-	                            "SELECT count(*) FROM (SELECT txid, max(txid::text::bigint) OVER"
-	                            " (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
-	                            " AS m FROM %s) x WHERE txid::text::bigint < m",
-	                            t.table),
-	             0, "the producers' transactions never interleaved");
+	cr_assert_gt(
+	        harness_pg_int(t.pg,
+	                       "SELECT count(*) FROM (SELECT txid, max(txid::text::bigint) OVER"
+	                       " (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+	                       " AS m FROM %s) x WHERE txid::text::bigint < m",
+	                       t.table),
+	        0, "the producers' transactions never interleaved");
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table), (int64_t)n);
 
 	expect_delivered(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
@@ -171,12 +171,12 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
 
 	ord_setup(&t, "ord_fail", "ok.#");
 	harness_insert_rows(t.pg, t.table, n, t.exchange, NULL, NULL, keyed_row, &g);
-	t.relay[0] = harness_relay_start(t.table,
-	                                 (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                        "OUTBOX_RELAY_RETRY_BACKOFF_MIN=200ms",
-	                                                        "OUTBOX_RELAY_RETRY_BACKOFF_MAX=1s",
-	                                                        NULL },
-	                                 NULL);
+	t.relay[0] = harness_relay_start(
+	        t.table,
+	        (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                               "OUTBOX_RELAY_RETRY_BACKOFF_MIN=200ms",
+	                               "OUTBOX_RELAY_RETRY_BACKOFF_MAX=1s", NULL },
+	        NULL);
 	/* The other keys finish while nothing is bound to "late.#". */
 	expect_delivered(&t, t.cons, n_ok, DELIVERY_TIMEOUT_MS);
 	/* Each late key's head fails again and again, and nothing behind it is even tried. */
@@ -192,9 +192,8 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
 	cr_assert_eq(unpublished(&t, late_keys), (int64_t)n_late_rows,
 	             "a row of a late key was published while its head failed");
 	{
-		char *err = harness_pg_string(t.pg,
-		                              "SELECT last_error FROM %s WHERE id = 'k000-000000'",
-		                              t.table);
+		char *err = harness_pg_string(
+		        t.pg, "SELECT last_error FROM %s WHERE id = 'k000-000000'", t.table);
 
 		cr_assert_not_null(err, "the failing head has no last_error");
 		fprintf(stderr, "ordering: failing head's last_error: %s\n", err);
@@ -222,8 +221,11 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
  * (priority 42), k002 is healthy. */
 static void insert_dead_heads(struct ord *t)
 {
-	struct keyed_gen g = { .keys = 3, .n_late = 0, .late_prefix = "late",
-	                       .bad_properties = "{\"priority\":42}", .n_bad = 2 };
+	struct keyed_gen g = { .keys = 3,
+		               .n_late = 0,
+		               .late_prefix = "late",
+		               .bad_properties = "{\"priority\":42}",
+		               .n_bad = 2 };
 
 	harness_insert_rows(t->pg, t->table, 15, t->exchange, NULL, NULL, keyed_row, &g);
 	harness_insert_rows(t->pg, t->table, 5, t->exchange, "ok.unkeyed", "u", NULL, NULL);
@@ -265,14 +267,13 @@ Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300
 
 	ord_setup(&t, "ord_dead", NULL);
 	insert_dead_heads(&t);
-	t.relay[0] = harness_relay_start(t.table,
-	                                 (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                        NULL },
-	                                 NULL);
+	t.relay[0] = harness_relay_start(
+	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
 	/* k002 and the unkeyed rows are not held back by the dead keys. */
 	expect_delivered(&t, t.cons, 10, DELIVERY_TIMEOUT_MS);
-	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10",
-	                            t.table) == 2, 60000);
+	HARNESS_WAIT(
+	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10", t.table) == 2,
+	        60000);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10", t.table),
 	             2, "the malformed heads did not go dead");
 	harness_sleep_ms(1500); /* several polls: nothing behind a dead head may move */
@@ -294,7 +295,8 @@ Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300
 	j = cli_json(&t, NULL, "keys", "--blocked", "--json");
 	cr_assert(json_is_array(j));
 	cr_assert_eq(json_array_size(j), 2, "blocked keys listed: %zu", json_array_size(j));
-	json_array_foreach(j, i, it) {
+	json_array_foreach(j, i, it)
+	{
 		const char *key = json_string_value(json_object_get(it, "ordering_key"));
 		const char *id = json_string_value(json_object_get(it, "id"));
 		const char *err = json_string_value(json_object_get(it, "last_error"));
@@ -335,8 +337,7 @@ Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300
 }
 
 /* True when one log line holds all three needles. */
-static bool log_line_has(const struct harness_relay *r, const char *a, const char *b,
-                         const char *c)
+static bool log_line_has(const struct harness_relay *r, const char *a, const char *b, const char *c)
 {
 	char *log = harness_relay_log(r);
 	bool found = false;
@@ -393,10 +394,8 @@ Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300
 	PGconn *older;
 
 	ord_setup(&t, "ord_xmin", NULL);
-	t.relay[0] = harness_relay_start(t.table,
-	                                 (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                        NULL },
-	                                 NULL);
+	t.relay[0] = harness_relay_start(
+	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
 	/* The older transaction has an id (as a producer does after its first write). */
 	older = harness_pg_connect();
 	harness_pg_exec(older, "BEGIN");
@@ -429,10 +428,8 @@ Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300
 	PGconn *early, *late;
 
 	ord_setup(&t, "ord_inv", NULL);
-	t.relay[0] = harness_relay_start(t.table,
-	                                 (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                        NULL },
-	                                 NULL);
+	t.relay[0] = harness_relay_start(
+	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
 	early = harness_pg_connect();
 	late = harness_pg_connect();
 	harness_pg_exec(early, "BEGIN");
@@ -454,10 +451,8 @@ Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300
 	             "seq 2 of the key went out while seq 1 was still uncommitted");
 
 	harness_pg_exec(late, "COMMIT");
-	cr_assert_lt(harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000000'",
-	                            t.table),
-	             harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000001'",
-	                            t.table));
+	cr_assert_lt(harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000000'", t.table),
+	             harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000001'", t.table));
 	expect_delivered(&t, t.cons, 3, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(500);
 	ordering_check(t.pg, t.table, NULL, &t.cons, 1, false, "ordering early txid");
@@ -475,10 +470,8 @@ Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 	int64_t early, late;
 
 	ord_setup(&t, "ord_delay", NULL);
-	t.relay[0] = harness_relay_start(t.table,
-	                                 (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=500ms",
-	                                                        NULL },
-	                                 NULL);
+	t.relay[0] = harness_relay_start(
+	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=500ms", NULL }, NULL);
 	/* A delayed unkeyed row, a delayed keyed head with three rows behind it, and a control
 	 * row that is due at once; then one more delayed row through the CLI. */
 	harness_pg_exec(t.pg,
@@ -505,11 +498,11 @@ Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 	expect_delivered(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
 	cr_assert_not_null(consumer_find(t.cons, "now-0"));
 	/* If the database still says the delayed rows are not due, none of them may be here. */
-	early = harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE available_at > now()",
-	                       t.table);
+	early = harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE available_at > now()", t.table);
 	if (early == 3)
-		cr_assert_eq(consumer_unique(t.cons), 1, "a delayed row or a row behind a delayed "
-		                                         "head arrived early");
+		cr_assert_eq(consumer_unique(t.cons), 1,
+		             "a delayed row or a row behind a delayed "
+		             "head arrived early");
 
 	expect_delivered(&t, t.cons, 7, DELIVERY_TIMEOUT_MS);
 	/* On the database's clock: never before available_at, and within a poll interval plus a

@@ -89,8 +89,11 @@ TestSuite(producer, .init = setup, .fini = teardown, .timeout = 60);
 
 static struct outbox_message msg(const char *id)
 {
-	struct outbox_message m = { .id = id, .exchange = "orders", .routing_key = "created",
-		                    .body = "{\"n\":1}", .body_len = 7 };
+	struct outbox_message m = { .id = id,
+		                    .exchange = "orders",
+		                    .routing_key = "created",
+		                    .body = "{\"n\":1}",
+		                    .body_len = 7 };
 	return m;
 }
 
@@ -133,8 +136,7 @@ Test(producer, outside_a_transaction_autocommits)
 	char err[256] = "";
 	struct outbox_message m = msg("auto-1");
 
-	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)),
-	             OUTBOX_ADDED, "%s", err);
+	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
 	cr_assert_eq(PQtransactionStatus(g_conn), PQTRANS_IDLE, "no BEGIN of its own");
 	cr_assert_str_eq(value("SELECT count(*) FROM %s", g_table), "1");
 }

@@ -14,7 +14,7 @@
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 180000
-#define EXIT_TIMEOUT_MS 30000
+#define EXIT_TIMEOUT_MS     30000
 
 struct e2e {
 	char table[48], exchange[64], queue[64];
@@ -71,14 +71,13 @@ static void expect_delivered(struct e2e *t, size_t n, int64_t timeout_ms)
 		if (t->relay[i])
 			harness_relay_dump_log(t->relay[i]);
 	}
-	cr_assert_fail("only %zu of %zu messages arrived within %lld ms",
-	               consumer_unique(t->cons), n, (long long)timeout_ms);
+	cr_assert_fail("only %zu of %zu messages arrived within %lld ms", consumer_unique(t->cons),
+	               n, (long long)timeout_ms);
 }
 
 /* ---- a) 10,000 mixed rows, every field checked ---- */
 
-static const char b64chars[] =
-	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 static void base64(const unsigned char *in, size_t n, char *out)
 {
@@ -269,7 +268,8 @@ Test(relay_e2e, mixed_rows_arrive_exactly_once_and_exact, .timeout = 400)
 
 		snprintf(sql, sizeof(sql),
 		         "SELECT id, floor(extract(epoch FROM created_at))::bigint FROM %s "
-		         "ORDER BY id", t.table);
+		         "ORDER BY id",
+		         t.table);
 		res = PQexec(t.pg, sql);
 	}
 	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(t.pg));
@@ -295,16 +295,14 @@ Test(relay_e2e, mixed_rows_arrive_exactly_once_and_exact, .timeout = 400)
 	                            t.table),
 	             0, "rows left unpublished or leased after delivery");
 	harness_sleep_ms(1000);
-	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu duplicates",
-	             consumer_duplicates(t.cons));
+	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu duplicates", consumer_duplicates(t.cons));
 	cr_assert_eq(consumer_unique(t.cons), n);
 	e2e_teardown(&t);
 }
 
 /* ---- b) outbox_add inside the caller's transaction ---- */
 
-static void add_one(PGconn *c, const char *table, const char *id, const char *exchange,
-                    int want)
+static void add_one(PGconn *c, const char *table, const char *id, const char *exchange, int want)
 {
 	char err[256] = "";
 	struct outbox_message m = {
@@ -350,7 +348,8 @@ Test(relay_e2e, outbox_add_commit_and_rollback, .timeout = 120)
 	cr_assert_eq(consumer_count(t.cons, "add-rolled-back"), 0);
 	cr_assert_eq(consumer_received(t.cons), 2);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE id = 'add-rolled-back'",
-	                            t.table), 0);
+	                            t.table),
+	             0);
 	e2e_teardown(&t);
 }
 
@@ -386,21 +385,25 @@ Test(relay_e2e, two_relays_deliver_each_row_once, .timeout = 400)
 
 	e2e_setup(&t, "e2e_two");
 	harness_insert_rows(t.pg, t.table, n, t.exchange, "two.relays", "two", NULL, NULL);
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_ID=relay-a",
-	                                          "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                          "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
-	start_relay(&t, 1, (const char *const[]){ "OUTBOX_RELAY_ID=relay-b",
-	                                          "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                          "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
+	start_relay(&t, 0,
+	            (const char *const[]){ "OUTBOX_RELAY_ID=relay-a",
+	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                   "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
+	start_relay(&t, 1,
+	            (const char *const[]){ "OUTBOX_RELAY_ID=relay-b",
+	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                   "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
 	expect_delivered(&t, n, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1500);
 	cr_assert_eq(consumer_unique(t.cons), n);
 	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu messages were sent twice",
 	             consumer_duplicates(t.cons));
 	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.table) == 0, 30000);
-	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.table), 0);
+	                            t.table) == 0,
+	             30000);
+	cr_assert_eq(
+	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
+	        0);
 	e2e_teardown(&t);
 }
 
@@ -428,7 +431,8 @@ Test(relay_e2e, sigterm_while_busy_releases_leases, .timeout = 300)
 	cr_assert_gt(left, 0, "the relay finished 50,000 rows before SIGTERM; test is moot");
 	cr_assert_eq(harness_pg_int(t.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
-	                            "AND locked_by IS NOT NULL", t.table),
+	                            "AND locked_by IS NOT NULL",
+	                            t.table),
 	             0, "unpublished rows still leased after an orderly shutdown");
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts <> 0", t.table),
 	             0, "shutdown must not charge attempts");
@@ -444,8 +448,9 @@ Test(relay_e2e, retention_zero_empties_the_table, .timeout = 120)
 
 	e2e_setup(&t, "e2e_ret");
 	harness_insert_rows(t.pg, t.table, n, t.exchange, "ret.zero", "ret", NULL, NULL);
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_RETENTION=0",
-	                                          "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	start_relay(&t, 0,
+	            (const char *const[]){ "OUTBOX_RELAY_RETENTION=0",
+	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	expect_delivered(&t, n, 60000);
 	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table) == 0, 30000);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table), 0,
@@ -457,9 +462,10 @@ Test(relay_e2e, retention_zero_empties_the_table, .timeout = 120)
 /* ---- g) schema twice; migrate upgrades an AceMQ table ---- */
 
 static const char *const design_columns[] = {
-	"seq", "id", "exchange_name", "routing_key", "body", "body_encoding", "content_type",
-	"headers", "properties", "ordering_key", "txid", "created_at", "available_at",
-	"published_at", "attempts", "last_error", "locked_by", "locked_until",
+	"seq",           "id",           "exchange_name", "routing_key",  "body",
+	"body_encoding", "content_type", "headers",       "properties",   "ordering_key",
+	"txid",          "created_at",   "available_at",  "published_at", "attempts",
+	"last_error",    "locked_by",    "locked_until",
 };
 
 static int64_t count_columns(PGconn *c, const char *table)
@@ -477,7 +483,8 @@ static int64_t count_columns(PGconn *c, const char *table)
 	return harness_pg_int(c,
 	                      "SELECT count(*) FROM information_schema.columns WHERE "
 	                      "table_schema = current_schema() AND table_name = '%s' AND "
-	                      "column_name IN (%s)", table, list);
+	                      "column_name IN (%s)",
+	                      table, list);
 }
 
 Test(relay_e2e, schema_applies_twice, .timeout = 60)
@@ -494,7 +501,7 @@ Test(relay_e2e, schema_applies_twice, .timeout = 60)
 		PGresult *res = PQexec(c, o.out);
 
 		cr_assert(PQresultStatus(res) == PGRES_COMMAND_OK ||
-		          PQresultStatus(res) == PGRES_TUPLES_OK,
+		                  PQresultStatus(res) == PGRES_TUPLES_OK,
 		          "applying the schema (round %d) failed: %s", round + 1,
 		          PQerrorMessage(c));
 		PQclear(res);
@@ -530,15 +537,18 @@ Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
 	                " attempts INTEGER NOT NULL DEFAULT 0,"
 	                " last_error VARCHAR(1000),"
 	                " locked_by VARCHAR(64),"
-	                " locked_until TIMESTAMPTZ)", t.table);
+	                " locked_until TIMESTAMPTZ)",
+	                t.table);
 	harness_pg_exec(t.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body, headers, created_at)"
 	                " SELECT 'old-' || g, '%s', 'legacy.rk', '{\"legacy\":' || g || '}',"
 	                " '{\"h\":\"v\"}', now() - interval '1 hour' + g * interval '1 second'"
-	                " FROM generate_series(1, 5) g", t.table, t.exchange);
+	                " FROM generate_series(1, 5) g",
+	                t.table, t.exchange);
 	harness_pg_exec(t.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
-	                " VALUES ('old-done', '%s', 'legacy.rk', '{}', now())", t.table, t.exchange);
+	                " VALUES ('old-done', '%s', 'legacy.rk', '{}', now())",
+	                t.table, t.exchange);
 	harness_migrate(t.table);
 	harness_migrate(t.table); /* idempotent on the upgraded table too */
 	cr_assert_eq(count_columns(t.pg, t.table), 18);
@@ -563,8 +573,10 @@ Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
 		json_decref(want);
 	}
 	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.table) == 0, 30000);
-	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.table), 0);
+	                            t.table) == 0,
+	             30000);
+	cr_assert_eq(
+	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
+	        0);
 	e2e_teardown(&t);
 }

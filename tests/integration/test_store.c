@@ -146,8 +146,13 @@ static struct store *migrated(const char *tag)
 static void add(const char *id, const char *key, int64_t delay_ms)
 {
 	struct outbox_message m = {
-		.id = id, .exchange = "ex", .routing_key = "rk", .body = "{}", .body_len = 2,
-		.ordering_key = key, .delay_ms = delay_ms,
+		.id = id,
+		.exchange = "ex",
+		.routing_key = "rk",
+		.body = "{}",
+		.body_len = 2,
+		.ordering_key = key,
+		.delay_ms = delay_ms,
 	};
 	char err[256];
 	int rc = outbox_add(g_admin, g_table, &m, err, sizeof(err));
@@ -222,9 +227,9 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 	}
 	free(ddl);
 	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup", g_table), 1);
-	cr_assert_eq(sql_int(g_admin,
-	                     "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
-	             4, "pkey, seq unique, pending and key indexes, nothing twice");
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
+	        4, "pkey, seq unique, pending and key indexes, nothing twice");
 
 	cr_assert_null(store_schema_sql("bad name", "c"));
 	cr_assert_null(store_schema_sql("x; DROP TABLE y", "c"));
@@ -430,9 +435,9 @@ Test(store, expired_lease_makes_rows_claimable)
 	cr_assert_str_eq(claim_str(r2, false), "", "leased rows are not claimable");
 	usleep(500 * 1000);
 	cr_assert_str_eq(claim_str(r2, false), "l1,l2", "lease ran out");
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-2'",
-	                     g_table),
-	             2);
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-2'", g_table),
+	        2);
 	store_free(r1);
 	store_free(r2);
 	store_free(a);
@@ -454,7 +459,7 @@ Test(store, mark_published_and_delete)
 	                     g_table),
 	             2, "quotes and backslashes in ids survive the array literal");
 	long long before =
-		sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table);
+	        sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table);
 	cr_assert_eq(store_mark_published(r, ids, 1, false), 0);
 	cr_assert_eq(sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table),
 	             before, "an already published row is left alone");
@@ -524,9 +529,9 @@ Test(store, release_is_fenced_and_keeps_attempts)
 	const char *ids[] = { "r1" };
 	cr_assert_eq(store_release(y, ids, 1), 0);
 	cr_assert_eq(store_release(y, NULL, 0), 0);
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'",
-	                     g_table),
-	             3, "another relay id releases nothing");
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'", g_table), 3,
+	        "another relay id releases nothing");
 	cr_assert_eq(store_release(x, ids, 1), 0, "%s", store_errmsg(x));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE id = 'r1' AND locked_by IS NULL"
@@ -534,9 +539,9 @@ Test(store, release_is_fenced_and_keeps_attempts)
 	                     g_table),
 	             1);
 	cr_assert_eq(store_release(x, NULL, 0), 0, "%s", store_errmsg(x));
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL",
-	                     g_table),
-	             0);
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL", g_table),
+	        0);
 	cr_assert_str_eq(claim_str(y, false), "r1,r2,r3");
 	store_free(x);
 	store_free(y);
@@ -598,8 +603,12 @@ Test(store, keyed_rows_wait_for_open_and_older_transactions)
 	struct store *r = open_store(opts_for("relay-1", false));
 	PGconn *older = connect_pg(), *newer = connect_pg();
 	char err[256];
-	struct outbox_message m = { .id = "open1", .exchange = "ex", .routing_key = "rk",
-		                    .body = "x", .body_len = 1, .ordering_key = "K" };
+	struct outbox_message m = { .id = "open1",
+		                    .exchange = "ex",
+		                    .routing_key = "rk",
+		                    .body = "x",
+		                    .body_len = 1,
+		                    .ordering_key = "K" };
 
 	/* A row of a transaction still open is invisible. */
 	sql(newer, "BEGIN");
@@ -742,8 +751,9 @@ Test(store, dead_list_requeue_discard_purge)
 		snprintf(id, sizeof(id), "x%d", i);
 		add(id, NULL, 0);
 	}
-	sql(g_admin, "UPDATE %s SET attempts = 3, last_error = 'dead ' || id"
-	             " WHERE id IN ('x0', 'x1', 'x2')",
+	sql(g_admin,
+	    "UPDATE %s SET attempts = 3, last_error = 'dead ' || id"
+	    " WHERE id IN ('x0', 'x1', 'x2')",
 	    g_table);
 
 	struct store_list l;
@@ -858,9 +868,9 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 		    " WHERE locked_by = 'relay-1'",
 		    g_table);
 	}
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                     g_table),
-	             100000 - 800, "each run claimed a full batch");
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE published_at IS NULL", g_table),
+	        100000 - 800, "each run claimed a full batch");
 	store_free(r);
 	store_free(a);
 }

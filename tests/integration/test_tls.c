@@ -13,11 +13,11 @@
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 120000
-#define EXIT_TIMEOUT_MS 30000
-#define ROWS 40
+#define EXIT_TIMEOUT_MS     30000
+#define ROWS                40
 
 #define BROKER_FAILED "could not connect, will retry\" to=broker"
-#define DB_FAILED "could not connect, will retry\" to=database"
+#define DB_FAILED     "could not connect, will retry\" to=database"
 
 struct tls_test {
 	char table[48], exchange[64], queue[64];
@@ -84,8 +84,8 @@ static void expect_all_delivered(struct tls_test *t)
 {
 	if (!consumer_wait_unique(t->cons, ROWS, DELIVERY_TIMEOUT_MS)) {
 		harness_relay_dump_log(t->relay);
-		cr_assert_fail("only %zu of %d messages arrived over TLS",
-		               consumer_unique(t->cons), ROWS);
+		cr_assert_fail("only %zu of %d messages arrived over TLS", consumer_unique(t->cons),
+		               ROWS);
 	}
 	HARNESS_WAIT(harness_pg_int(t->pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
 	                            t->table) == 0,
@@ -158,8 +158,11 @@ Test(tls, delivers_over_amqps_and_verify_full, .timeout = 300)
 	tls_setup(&t, "tls_ok", "right");
 	/* sslmode=verify-full fails unless the server's certificate names 127.0.0.1 and chains
 	 * to the CA, so delivery itself proves the database side is TLS. */
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_db, t.e_amqp, t.e_ca, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(t.table,
+	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
+	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                     NULL },
+	                              NULL);
 	expect_all_delivered(&t);
 	cr_assert(harness_relay_log_count(t.relay, "amqps://guest:***@localhost") >= 1,
 	          "the start line shows the amqps:// URL, password hidden");
@@ -172,9 +175,11 @@ Test(tls, presents_client_certificate, .timeout = 300)
 	char *conns;
 
 	tls_setup(&t, "tls_client", "right");
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_db, t.e_amqp, t.e_ca, t.e_cert, t.e_key,
-		"OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(
+	        t.table,
+	        (const char *const[]){ t.e_db, t.e_amqp, t.e_ca, t.e_cert, t.e_key,
+	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
+	        NULL);
 	expect_all_delivered(&t);
 	/* The broker saw our certificate: only the relay connects with one in these tests. */
 	conns = broker_connections();
@@ -191,9 +196,11 @@ Test(tls, wrong_ca_refuses_broker_and_delivers_nothing, .timeout = 300)
 
 	tls_setup(&t, "tls_wrongca", "wrong");
 	/* Repeated failures of one outage are logged at debug only. */
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_db, t.e_amqp, t.e_ca, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-		"OUTBOX_LOG_LEVEL=debug", NULL }, NULL);
+	t.relay = harness_relay_start(t.table,
+	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
+	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                     "OUTBOX_LOG_LEVEL=debug", NULL },
+	                              NULL);
 	if (!harness_relay_wait_log(t.relay, BROKER_FAILED, 60000))
 		harness_relay_dump_log(t.relay);
 	line = log_line(t.relay, BROKER_FAILED);
@@ -207,11 +214,12 @@ Test(tls, wrong_ca_refuses_broker_and_delivers_nothing, .timeout = 300)
 	/* A second failed attempt shows it keeps refusing rather than falling back. */
 	HARNESS_WAIT(harness_relay_log_count(t.relay, BROKER_FAILED) >= 2, 60000);
 	cr_assert(harness_relay_log_count(t.relay, BROKER_FAILED) >= 2);
-	cr_assert_eq(consumer_received(t.cons), 0, "messages arrived through an unverified "
+	cr_assert_eq(consumer_received(t.cons), 0,
+	             "messages arrived through an unverified "
 	             "connection");
-	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.table),
-	             ROWS);
+	cr_assert_eq(
+	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
+	        ROWS);
 	tls_teardown(&t);
 }
 
@@ -220,9 +228,12 @@ Test(tls, wrong_ca_without_verification_connects, .timeout = 300)
 	struct tls_test t;
 
 	tls_setup(&t, "tls_noverify", "wrong");
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		t.e_db, t.e_amqp, t.e_ca, "OUTBOX_AMQP_TLS_VERIFY_PEER=false",
-		"OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(t.table,
+	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
+	                                                     "OUTBOX_AMQP_TLS_VERIFY_PEER=false",
+	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                     NULL },
+	                              NULL);
 	expect_all_delivered(&t);
 	tls_teardown(&t);
 }
@@ -235,15 +246,17 @@ Test(tls, database_with_wrong_ca_is_refused, .timeout = 300)
 	tls_setup(&t, "tls_dbwrong", "right");
 	snprintf(e_db, sizeof(e_db), "OUTBOX_DATABASE_URL=%s sslmode=verify-full sslrootcert=%s",
 	         harness_pg_conninfo(), t.wrong_ca);
-	t.relay = harness_relay_start(t.table, (const char *const[]){
-		e_db, t.e_amqp, t.e_ca, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	t.relay = harness_relay_start(t.table,
+	                              (const char *const[]){ e_db, t.e_amqp, t.e_ca,
+	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                                     NULL },
+	                              NULL);
 	/* The worker's line; the maintenance loop reports the same failure in its own words. */
 	if (!harness_relay_wait_log(t.relay, DB_FAILED, 60000))
 		harness_relay_dump_log(t.relay);
 	line = log_line(t.relay, DB_FAILED);
 	cr_assert_not_null(line, "no connect failure logged");
-	cr_assert(strstr(line, "to=database") != NULL, "the failure names the database: %s",
-	          line);
+	cr_assert(strstr(line, "to=database") != NULL, "the failure names the database: %s", line);
 	cr_assert(contains_ci(line, "certificate") && contains_ci(line, "verif"),
 	          "the failure names a certificate verification problem: %s", line);
 	free(line);

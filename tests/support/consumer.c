@@ -29,14 +29,14 @@ struct consumer {
 	char *url, *queue, *exchange, *exchange_type, *routing_key;
 	pthread_t thread;
 	atomic_bool stop;
-	atomic_int ready;      /* 0 connecting, 1 consuming, -1 gave up before the first consume */
+	atomic_int ready; /* 0 connecting, 1 consuming, -1 gave up before the first consume */
 	atomic_size_t connects;
 
-	pthread_mutex_t mu;    /* guards everything below */
-	json_t *index;         /* message id -> index into entries */
+	pthread_mutex_t mu; /* guards everything below */
+	json_t *index;      /* message id -> index into entries */
 	struct entry *entries;
 	size_t n_entries, cap_entries;
-	char **order;          /* id of each delivery, arrival order */
+	char **order; /* id of each delivery, arrival order */
 	size_t n_order, cap_order;
 	char last_error[256];
 };
@@ -82,18 +82,30 @@ static json_t *table_to_json(const amqp_table_t *t)
 static json_t *field_to_json(const amqp_field_value_t *v)
 {
 	switch (v->kind) {
-	case AMQP_FIELD_KIND_BOOLEAN: return json_boolean(v->value.boolean);
-	case AMQP_FIELD_KIND_I8: return json_integer(v->value.i8);
-	case AMQP_FIELD_KIND_U8: return json_integer(v->value.u8);
-	case AMQP_FIELD_KIND_I16: return json_integer(v->value.i16);
-	case AMQP_FIELD_KIND_U16: return json_integer(v->value.u16);
-	case AMQP_FIELD_KIND_I32: return json_integer(v->value.i32);
-	case AMQP_FIELD_KIND_U32: return json_integer(v->value.u32);
-	case AMQP_FIELD_KIND_I64: return json_integer(v->value.i64);
-	case AMQP_FIELD_KIND_U64: return json_integer((json_int_t)v->value.u64);
-	case AMQP_FIELD_KIND_TIMESTAMP: return json_integer((json_int_t)v->value.u64);
-	case AMQP_FIELD_KIND_F32: return json_real(v->value.f32);
-	case AMQP_FIELD_KIND_F64: return json_real(v->value.f64);
+	case AMQP_FIELD_KIND_BOOLEAN:
+		return json_boolean(v->value.boolean);
+	case AMQP_FIELD_KIND_I8:
+		return json_integer(v->value.i8);
+	case AMQP_FIELD_KIND_U8:
+		return json_integer(v->value.u8);
+	case AMQP_FIELD_KIND_I16:
+		return json_integer(v->value.i16);
+	case AMQP_FIELD_KIND_U16:
+		return json_integer(v->value.u16);
+	case AMQP_FIELD_KIND_I32:
+		return json_integer(v->value.i32);
+	case AMQP_FIELD_KIND_U32:
+		return json_integer(v->value.u32);
+	case AMQP_FIELD_KIND_I64:
+		return json_integer(v->value.i64);
+	case AMQP_FIELD_KIND_U64:
+		return json_integer((json_int_t)v->value.u64);
+	case AMQP_FIELD_KIND_TIMESTAMP:
+		return json_integer((json_int_t)v->value.u64);
+	case AMQP_FIELD_KIND_F32:
+		return json_real(v->value.f32);
+	case AMQP_FIELD_KIND_F64:
+		return json_real(v->value.f64);
 	case AMQP_FIELD_KIND_DECIMAL: {
 		double d = v->value.decimal.value;
 
@@ -104,8 +116,10 @@ static json_t *field_to_json(const amqp_field_value_t *v)
 	case AMQP_FIELD_KIND_UTF8:
 	case AMQP_FIELD_KIND_BYTES:
 		return json_stringn_nocheck(v->value.bytes.bytes, v->value.bytes.len);
-	case AMQP_FIELD_KIND_VOID: return json_null();
-	case AMQP_FIELD_KIND_TABLE: return table_to_json(&v->value.table);
+	case AMQP_FIELD_KIND_VOID:
+		return json_null();
+	case AMQP_FIELD_KIND_TABLE:
+		return table_to_json(&v->value.table);
 	case AMQP_FIELD_KIND_ARRAY: {
 		json_t *a = json_array();
 
@@ -226,8 +240,9 @@ static void set_error(struct consumer *c, const char *what, amqp_rpc_reply_t r)
 		} else if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			amqp_connection_close_t *m = r.reply.decoded;
 
-			snprintf(detail, sizeof(detail), "connection closed %u: %.*s", m->reply_code,
-			         (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+			snprintf(detail, sizeof(detail), "connection closed %u: %.*s",
+			         m->reply_code, (int)m->reply_text.len,
+			         (const char *)m->reply_text.bytes);
 		} else {
 			snprintf(detail, sizeof(detail), "server exception 0x%08x", r.reply.id);
 		}
@@ -257,8 +272,7 @@ static amqp_connection_state_t open_consumer(struct consumer *c)
 	if (ci.vhost == NULL || ci.vhost[0] == '\0')
 		ci.vhost = "/";
 	step = "login";
-	r = amqp_login(conn, ci.vhost, 0, 131072, 30, AMQP_SASL_METHOD_PLAIN, ci.user,
-	               ci.password);
+	r = amqp_login(conn, ci.vhost, 0, 131072, 30, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL)
 		goto fail;
 	step = "channel.open";

@@ -19,7 +19,7 @@ struct consumer_msg {
 	char *routing_key;
 	char *body;
 	size_t body_len;
-	uint32_t flags;            /* AMQP_BASIC_*_FLAG bits that were present */
+	uint32_t flags; /* AMQP_BASIC_*_FLAG bits that were present */
 	char *content_type;
 	char *content_encoding;
 	char *correlation_id;
@@ -29,10 +29,10 @@ struct consumer_msg {
 	char *app_id;
 	char *user_id;
 	char *cluster_id;
-	int delivery_mode;         /* 0 when absent */
-	int priority;              /* -1 when absent */
-	int64_t timestamp;         /* -1 when absent */
-	json_t *headers;           /* the field table as JSON; NULL when absent */
+	int delivery_mode; /* 0 when absent */
+	int priority;      /* -1 when absent */
+	int64_t timestamp; /* -1 when absent */
+	json_t *headers;   /* the field table as JSON; NULL when absent */
 	bool redelivered;
 };
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #define EXIT_TIMEOUT_MS 30000
-#define MAX_ENV 48
+#define MAX_ENV         48
 
 static const char *const fault_defaults[] = {
 	"OUTBOX_RELAY_LEASE=3s",
@@ -150,8 +150,7 @@ void fault_expect_settled(struct fault *f, int max_attempts, int64_t timeout_ms)
 	cr_assert_eq(left, 0, "%lld rows still pending or leased", (long long)left);
 }
 
-size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n,
-                   size_t *lost)
+size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n, size_t *lost)
 {
 	size_t missing = 0, received = consumer_received(f->cons);
 	size_t dups = consumer_duplicates(f->cons);
@@ -236,8 +235,8 @@ static void *producer_main(void *arg)
 	return NULL;
 }
 
-struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix,
-                                            size_t chunk, int64_t pause_ms, size_t max_rows)
+struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix, size_t chunk,
+                                            int64_t pause_ms, size_t max_rows)
 {
 	struct fault_producer *p = calloc(1, sizeof(*p));
 

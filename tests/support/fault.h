@@ -15,8 +15,8 @@
 
 /* Generous: the suite runs under ASan on two cores. */
 #define FAULT_DELIVERY_TIMEOUT_MS 180000
-#define FAULT_LOG_TIMEOUT_MS 60000
-#define FAULT_MAX_RELAYS 16
+#define FAULT_LOG_TIMEOUT_MS      60000
+#define FAULT_MAX_RELAYS          16
 
 struct fault {
 	char table[48], exchange[64], queue[64];
@@ -58,16 +58,15 @@ void fault_expect_settled(struct fault *f, int max_attempts, int64_t timeout_ms)
  * `fault <name>: committed=N received=N lost=N duplicates=N` to stderr (received and
  * duplicates over every delivery of the consumer) and returns the duplicates; *lost gets the
  * lost count. */
-size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n,
-                   size_t *lost);
+size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n, size_t *lost);
 
 /* A thread committing rows "<prefix>-<i, 7 digits>" (i from 0, chunk rows a transaction,
  * pause_ms between transactions, at most max_rows) on a connection of its own. It rides out
  * a database restart: a chunk whose commit failed is retried (ON CONFLICT DO NOTHING), so
  * after fault_producer_stop every id below the returned count is committed. */
 struct fault_producer;
-struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix,
-                                            size_t chunk, int64_t pause_ms, size_t max_rows);
+struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix, size_t chunk,
+                                            int64_t pause_ms, size_t max_rows);
 /* Rows committed so far (thread-safe). */
 size_t fault_producer_committed(struct fault_producer *p);
 /* Stops and frees p; returns the number of rows committed. */

@@ -28,8 +28,10 @@ const char *harness_require_env(const char *name)
 	const char *v = getenv(name);
 
 	if (v == NULL || v[0] == '\0')
-		cr_assert_fail("%s is not set: run the tests with tests/run (or source the env file "
-		               "tests/services.sh writes)", name);
+		cr_assert_fail(
+		        "%s is not set: run the tests with tests/run (or source the env file "
+		        "tests/services.sh writes)",
+		        name);
 	return v;
 }
 
@@ -313,11 +315,21 @@ static void cb_field(struct copybuf *b, const char *s, bool last)
 	} else {
 		for (const char *p = s; *p; p++) {
 			switch (*p) {
-			case '\\': cb_put(b, "\\\\", 2); break;
-			case '\t': cb_put(b, "\\t", 2); break;
-			case '\n': cb_put(b, "\\n", 2); break;
-			case '\r': cb_put(b, "\\r", 2); break;
-			default: cb_put(b, p, 1); break;
+			case '\\':
+				cb_put(b, "\\\\", 2);
+				break;
+			case '\t':
+				cb_put(b, "\\t", 2);
+				break;
+			case '\n':
+				cb_put(b, "\\n", 2);
+				break;
+			case '\r':
+				cb_put(b, "\\r", 2);
+				break;
+			default:
+				cb_put(b, p, 1);
+				break;
 			}
 		}
 	}
@@ -344,7 +356,8 @@ void harness_insert_rows(PGconn *c, const char *table, size_t n, const char *exc
 	harness_pg_exec(c, "BEGIN");
 	snprintf(sql, sizeof(sql),
 	         "COPY %s (id, exchange_name, routing_key, body, body_encoding, content_type, "
-	         "headers, properties, ordering_key) FROM STDIN", table);
+	         "headers, properties, ordering_key) FROM STDIN",
+	         table);
 	res = PQexec(c, sql);
 	cr_assert(PQresultStatus(res) == PGRES_COPY_IN, "COPY failed: %s", PQerrorMessage(c));
 	PQclear(res);
@@ -532,8 +545,8 @@ struct harness_relay *harness_relay_start(const char *table, const char *const *
 	cr_assert_not_null(r);
 	log_dir(dir, sizeof(dir));
 	snprintf(r->table, sizeof(r->table), "%s", table ? table : "");
-	snprintf(r->log_path, sizeof(r->log_path), "%s/%s-%ld-%u.log", dir,
-	         table ? table : "relay", (long)getpid(), ++seq);
+	snprintf(r->log_path, sizeof(r->log_path), "%s/%s-%ld-%u.log", dir, table ? table : "relay",
+	         (long)getpid(), ++seq);
 	argv[argc++] = (char *)harness_relay_bin();
 	if (args == NULL)
 		argv[argc++] = "run";
@@ -634,8 +647,7 @@ int harness_relay_log_count(const struct harness_relay *r, const char *needle)
 	return count;
 }
 
-bool harness_relay_wait_log(const struct harness_relay *r, const char *needle,
-                            int64_t timeout_ms)
+bool harness_relay_wait_log(const struct harness_relay *r, const char *needle, int64_t timeout_ms)
 {
 	int64_t deadline = harness_now_ms() + timeout_ms;
 
@@ -748,8 +760,8 @@ int harness_shell(const char *fmt, ...)
 
 void harness_broker_stop_app(void)
 {
-	cr_assert_eq(harness_shell("%s stop_app", harness_require_env("RELAY_TEST_RABBITMQCTL")),
-	             0, "rabbitmqctl stop_app failed");
+	cr_assert_eq(harness_shell("%s stop_app", harness_require_env("RELAY_TEST_RABBITMQCTL")), 0,
+	             "rabbitmqctl stop_app failed");
 }
 
 void harness_broker_start_app(void)

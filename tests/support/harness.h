@@ -13,9 +13,9 @@
 #include <libpq-fe.h>
 
 /* ---- environment (borrowed strings; fail the test when the variable is missing) ---- */
-const char *harness_pg_conninfo(void);  /* RELAY_TEST_PG */
-const char *harness_amqp_url(void);     /* RELAY_TEST_AMQP */
-const char *harness_relay_bin(void);    /* RELAY_TEST_BIN */
+const char *harness_pg_conninfo(void); /* RELAY_TEST_PG */
+const char *harness_amqp_url(void);    /* RELAY_TEST_AMQP */
+const char *harness_relay_bin(void);   /* RELAY_TEST_BIN */
 const char *harness_require_env(const char *name);
 
 /* AMQP host and port parsed from RELAY_TEST_AMQP (for the TCP proxy). */
@@ -27,15 +27,15 @@ int harness_amqp_port(void);
 void harness_unique_name(char *buf, size_t len, const char *prefix);
 
 /* ---- time ---- */
-int64_t harness_now_ms(void);   /* monotonic */
+int64_t harness_now_ms(void); /* monotonic */
 void harness_sleep_ms(int64_t ms);
 
 /* Polls cond every 20 ms until it holds or timeout_ms passed; the caller asserts cond after. */
-#define HARNESS_WAIT(cond, timeout_ms)                                                       \
-	do {                                                                                 \
-		int64_t harness_deadline_ = harness_now_ms() + (timeout_ms);                 \
-		while (!(cond) && harness_now_ms() < harness_deadline_)                      \
-			harness_sleep_ms(20);                                                \
+#define HARNESS_WAIT(cond, timeout_ms)                                       \
+	do {                                                                 \
+		int64_t harness_deadline_ = harness_now_ms() + (timeout_ms); \
+		while (!(cond) && harness_now_ms() < harness_deadline_)      \
+			harness_sleep_ms(20);                                \
 	} while (0)
 
 /* Function form of HARNESS_WAIT; returns whether cond(arg) became true in time. */
@@ -51,7 +51,7 @@ PGconn *harness_pg_connect_retry(int64_t timeout_ms);
 void harness_pg_exec(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Same without failing: 0 on success, -1 with the server's message in err. */
 int harness_pg_try_exec(PGconn *c, char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+        __attribute__((format(printf, 4, 5)));
 /* First column of the first row as an integer; fails the test on error, no row or NULL. */
 int64_t harness_pg_int(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* First column of the first row; new string (free()), NULL for SQL NULL or no row. */
@@ -89,8 +89,8 @@ void harness_migrate(const char *table);
 struct harness_relay {
 	pid_t pid;
 	bool exited;
-	int status;          /* as harness_relay_wait() returns it, once exited */
-	char log_path[512];  /* its stdout + stderr */
+	int status;         /* as harness_relay_wait() returns it, once exited */
+	char log_path[512]; /* its stdout + stderr */
 	char table[128];
 };
 
@@ -115,16 +115,15 @@ char *harness_relay_log(const struct harness_relay *r);
 /* Number of log lines containing needle. */
 int harness_relay_log_count(const struct harness_relay *r, const char *needle);
 /* Waits until some log line contains needle; false after timeout_ms. */
-bool harness_relay_wait_log(const struct harness_relay *r, const char *needle,
-                            int64_t timeout_ms);
+bool harness_relay_wait_log(const struct harness_relay *r, const char *needle, int64_t timeout_ms);
 /* Prints the log's last lines through criterion's logger (call on failure paths). */
 void harness_relay_dump_log(const struct harness_relay *r);
 
 /* Output of a one-shot command. */
 struct harness_output {
-	int status;  /* exit code, 128 + signal, or -1 when it had to be killed after 60 s */
-	char *out;   /* stdout, NUL-terminated; never NULL */
-	char *err;   /* stderr, NUL-terminated; never NULL */
+	int status; /* exit code, 128 + signal, or -1 when it had to be killed after 60 s */
+	char *out;  /* stdout, NUL-terminated; never NULL */
+	char *err;  /* stderr, NUL-terminated; never NULL */
 };
 /* Runs `outbox-relay <args...>` (NULL-terminated varargs) to completion with the same
  * environment as harness_relay_start() (table and env as there; table may be NULL, then no
@@ -135,7 +134,7 @@ void harness_output_free(struct harness_output *o);
 /* ---- test servers (commands from tests/services.sh's env file) ---- */
 /* Runs a shell command line; returns its exit code (output goes to the test's log). */
 int harness_shell(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void harness_broker_stop_app(void);   /* rabbitmqctl stop_app: connections drop, node stays */
+void harness_broker_stop_app(void); /* rabbitmqctl stop_app: connections drop, node stays */
 void harness_broker_start_app(void);
 void harness_broker_node_stop(void);  /* the whole Erlang node exits */
 void harness_broker_node_start(void); /* starts it again and waits until it runs */

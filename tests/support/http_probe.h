@@ -8,8 +8,8 @@
 int probe_free_port(void);
 
 struct probe_reply {
-	int status;  /* HTTP status, -1 when nothing answered */
-	char *body;  /* never NULL; free() */
+	int status; /* HTTP status, -1 when nothing answered */
+	char *body; /* never NULL; free() */
 };
 
 /* GET path from "127.0.0.1:PORT" (IPv4 loopback only), reading until the server closes. */

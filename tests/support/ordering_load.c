@@ -14,7 +14,7 @@
 #include "tests/support/harness.h"
 
 #define LOAD_MAX_PRODUCERS 32
-#define LOAD_ERR_MAX 512
+#define LOAD_ERR_MAX       512
 
 struct producer {
 	struct ordering_load *load;
@@ -28,12 +28,12 @@ struct ordering_load {
 	char exchange[128];
 	char conninfo[1024];
 	size_t keys, total, n_producers;
-	size_t *slots;                  /* key of each row slot, shuffled */
-	atomic_size_t next;             /* next slot to insert */
+	size_t *slots;      /* key of each row slot, shuffled */
+	atomic_size_t next; /* next slot to insert */
 	atomic_size_t committed;
 	atomic_int failed;
 	pthread_mutex_t err_lock;
-	char err[LOAD_ERR_MAX];         /* the first failure */
+	char err[LOAD_ERR_MAX]; /* the first failure */
 	struct producer producers[LOAD_MAX_PRODUCERS];
 };
 
@@ -221,9 +221,8 @@ static void push(struct key_list *kl, const char *id)
 	kl->ids[kl->n++] = id;
 }
 
-void ordering_check(PGconn *pg, const char *table, const char *filter,
-                    struct consumer *const *cons, size_t n_cons, bool collapse_repeats,
-                    const char *what)
+void ordering_check(PGconn *pg, const char *table, const char *filter, struct consumer *const *cons,
+                    size_t n_cons, bool collapse_repeats, const char *what)
 {
 	char sql[1024];
 	PGresult *res;
@@ -278,15 +277,17 @@ void ordering_check(PGconn *pg, const char *table, const char *filter,
 		size_t n = want[k].n < got[k].n ? want[k].n : got[k].n;
 
 		for (size_t i = 0; i < n; i++) {
-			cr_assert_str_eq(got[k].ids[i], want[k].ids[i],
-			                 "%s: key k%03zu, delivery %zu of the key is '%s', the table's "
-			                 "seq order has '%s' there",
-			                 what, k, i, got[k].ids[i], want[k].ids[i]);
+			cr_assert_str_eq(
+			        got[k].ids[i], want[k].ids[i],
+			        "%s: key k%03zu, delivery %zu of the key is '%s', the table's "
+			        "seq order has '%s' there",
+			        what, k, i, got[k].ids[i], want[k].ids[i]);
 		}
-		cr_assert_eq(got[k].n, want[k].n,
-		             "%s: key k%03zu: %zu deliveries (after collapsing repeats: %s), the table "
-		             "has %zu rows",
-		             what, k, got[k].n, collapse_repeats ? "yes" : "no", want[k].n);
+		cr_assert_eq(
+		        got[k].n, want[k].n,
+		        "%s: key k%03zu: %zu deliveries (after collapsing repeats: %s), the table "
+		        "has %zu rows",
+		        what, k, got[k].n, collapse_repeats ? "yes" : "no", want[k].n);
 	}
 	fprintf(stderr,
 	        "%s: %zu keyed rows over %zu keys arrived in seq order per key (%zu deliveries, "

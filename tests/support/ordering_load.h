@@ -30,8 +30,7 @@ size_t ordering_load_committed(struct ordering_load *l);
  * delivery of its key is ignored (a relay killed between confirm and mark resends the row it
  * had just published); otherwise any duplicate fails. Fails the test at the first difference;
  * prints one summary line tagged with what. */
-void ordering_check(PGconn *pg, const char *table, const char *filter,
-                    struct consumer *const *cons, size_t n_cons, bool collapse_repeats,
-                    const char *what);
+void ordering_check(PGconn *pg, const char *table, const char *filter, struct consumer *const *cons,
+                    size_t n_cons, bool collapse_repeats, const char *what);
 
 #endif

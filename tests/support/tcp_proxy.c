@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #define PROXY_MAX_PAIRS 256
-#define PROXY_BUF 65536
+#define PROXY_BUF       65536
 
 struct pair {
 	int fd[2];              /* 0 = client side, 1 = target side */
@@ -34,12 +34,12 @@ struct proxy {
 	struct pair *pairs[PROXY_MAX_PAIRS];
 	size_t n_pairs;
 
-	pthread_mutex_t mu;     /* guards the fields below */
+	pthread_mutex_t mu; /* guards the fields below */
 	pthread_cond_t cv;
 	bool stall, refuse, quit;
-	unsigned drop_req;      /* drop requests posted */
-	unsigned seq_req;       /* commands posted */
-	unsigned seq_done;      /* commands applied by the loop */
+	unsigned drop_req; /* drop requests posted */
+	unsigned seq_req;  /* commands posted */
+	unsigned seq_done; /* commands applied by the loop */
 	size_t live, accepted;
 };
 
@@ -220,7 +220,8 @@ static void *proxy_main(void *arg)
 			if (stall) {
 				const struct pollfd *pf = &pfd[2 + 2 * i];
 
-				if ((pf[0].revents | pf[1].revents) & (POLLHUP | POLLERR | POLLNVAL))
+				if ((pf[0].revents | pf[1].revents) &
+				    (POLLHUP | POLLERR | POLLNVAL))
 					close_pair(p, i);
 				continue;
 			}

@@ -26,7 +26,7 @@ void proxy_stall(struct proxy *p, bool on);
 /* on: every new connection is closed right after accept. Live ones are left alone. */
 void proxy_refuse(struct proxy *p, bool on);
 
-size_t proxy_live(struct proxy *p);      /* connections open now */
-size_t proxy_accepted(struct proxy *p);  /* connections forwarded since the start */
+size_t proxy_live(struct proxy *p);     /* connections open now */
+size_t proxy_accepted(struct proxy *p); /* connections forwarded since the start */
 
 #endif

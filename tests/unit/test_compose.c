@@ -82,7 +82,8 @@ Test(compose, every_outbox_variable_is_a_config_key)
 			continue;
 		}
 		while ((isupper((unsigned char)p[len]) || isdigit((unsigned char)p[len]) ||
-		        p[len] == '_') && len < sizeof(name) - 1) {
+		        p[len] == '_') &&
+		       len < sizeof(name) - 1) {
 			name[len] = p[len];
 			len++;
 		}

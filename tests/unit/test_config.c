@@ -33,7 +33,7 @@ static const char *fixture(const char *name)
 }
 
 static struct config *load(const char *file, const char *const *env, const char *const *sets,
-			   size_t nsets)
+                           size_t nsets)
 {
 	static const char *const no_env[] = { NULL };
 	struct config_sources src = { file, sets, nsets, env ? env : no_env };
@@ -136,7 +136,7 @@ Test(config, key_table_env_names_follow_the_rule)
 	cr_assert_geq(config_key_index("amqp.tls.key_file"), 0);
 	cr_assert_geq(config_key_index("amqp.tls.verify_peer"), 0);
 	cr_assert_str_eq(config_key_env((size_t)config_key_index("amqp.tls.ca_file")),
-			 "OUTBOX_AMQP_TLS_CA_FILE");
+	                 "OUTBOX_AMQP_TLS_CA_FILE");
 	cr_assert(config_key_sensitive((size_t)config_key_index("database.url")));
 	cr_assert(config_key_sensitive((size_t)config_key_index("amqp.url")));
 	cr_assert_not(config_key_sensitive((size_t)config_key_index("relay.id")));
@@ -159,8 +159,8 @@ Test(config, file_with_comments_sections_and_dotted_keys)
 	cr_assert_eq(cfg->relay_ordering, CONFIG_ORDERING_SKIP_DEAD);
 	cr_assert_eq(cfg->log_format, CONFIG_LOG_JSON);
 	cr_assert_eq(cfg->log_level, CONFIG_LOG_DEBUG);
-	cr_assert(strstr(source("relay.batch_size"), "valid.json:12"),
-		  "source was %s", source("relay.batch_size"));
+	cr_assert(strstr(source("relay.batch_size"), "valid.json:12"), "source was %s",
+	          source("relay.batch_size"));
 	cr_assert(strstr(source("amqp.tls.ca_file"), "valid.json:10"));
 	cr_assert(strstr(source("relay.poll_interval"), "valid.json:14"));
 	cr_assert_eq(strncmp(source("relay.lease"), "file ", 5), 0);
@@ -179,16 +179,16 @@ Test(config, config_file_from_outbox_config_env)
 
 Test(config, precedence_default_file_env_set)
 {
-	const char *env[] = { "OUTBOX_RELAY_WORKERS=3", "OUTBOX_RELAY_MAX_ATTEMPTS=5",
-			      "PATH=/bin", NULL };
+	const char *env[] = { "OUTBOX_RELAY_WORKERS=3", "OUTBOX_RELAY_MAX_ATTEMPTS=5", "PATH=/bin",
+		              NULL };
 	const char *sets[] = { "relay.max_attempts=7", "log.level=warn" };
 
 	cr_assert_not_null(load(fixture("precedence.json"), env, sets, 2));
-	cr_assert_eq(cfg->relay_batch_size, 100);            /* file */
-	cr_assert_eq(cfg->relay_workers, 3);                 /* env over file */
-	cr_assert_eq(cfg->relay_max_attempts, 7);            /* set over env over file */
-	cr_assert_eq(cfg->log_level, CONFIG_LOG_WARN);       /* set over default */
-	cr_assert_eq(cfg->relay_lease_ms, 60000);            /* default */
+	cr_assert_eq(cfg->relay_batch_size, 100);      /* file */
+	cr_assert_eq(cfg->relay_workers, 3);           /* env over file */
+	cr_assert_eq(cfg->relay_max_attempts, 7);      /* set over env over file */
+	cr_assert_eq(cfg->log_level, CONFIG_LOG_WARN); /* set over default */
+	cr_assert_eq(cfg->relay_lease_ms, 60000);      /* default */
 	cr_assert(strstr(source("relay.batch_size"), "precedence.json:2"));
 	cr_assert_str_eq(source("relay.workers"), "env OUTBOX_RELAY_WORKERS");
 	cr_assert_str_eq(source("relay.max_attempts"), "flag --set");
@@ -266,7 +266,7 @@ Test(config, lease_equal_to_confirm_timeout_is_refused)
 
 	cr_assert_null(load(NULL, NULL, sets, 1));
 	expect_error("relay.lease: got \"30s\" (flag --set); allowed: more than "
-		     "amqp.confirm_timeout, which is 30s (default)");
+	             "amqp.confirm_timeout, which is 30s (default)");
 }
 
 Test(config, backoff_min_above_max)
@@ -275,7 +275,7 @@ Test(config, backoff_min_above_max)
 
 	cr_assert_null(load(NULL, env, NULL, 0));
 	expect_error("relay.retry_backoff_min: got \"10m\" (env OUTBOX_RELAY_RETRY_BACKOFF_MIN); "
-		     "allowed: at most relay.retry_backoff_max, which is 5m (default)");
+	             "allowed: at most relay.retry_backoff_max, which is 5m (default)");
 }
 
 Test(config, unknown_outbox_variable)
@@ -323,22 +323,26 @@ Test(config, key_given_twice_in_file)
 Test(config, env_values_are_validated)
 {
 	const char *env[] = { "OUTBOX_RELAY_BATCH_SIZE=20000", "OUTBOX_AMQP_TLS_VERIFY_PEER=maybe",
-			      "OUTBOX_AMQP_HEARTBEAT=500ms", NULL };
+		              "OUTBOX_AMQP_HEARTBEAT=500ms", NULL };
 
 	cr_assert_null(load(NULL, env, NULL, 0));
 	cr_assert_eq(errs.n, 3);
 	expect_error("relay.batch_size: got \"20000\" (env OUTBOX_RELAY_BATCH_SIZE); allowed: "
-		     "an integer 1..10000");
+	             "an integer 1..10000");
 	expect_error("amqp.tls.verify_peer: got \"maybe\" (env OUTBOX_AMQP_TLS_VERIFY_PEER)");
 	expect_error("amqp.heartbeat: got \"500ms\" (env OUTBOX_AMQP_HEARTBEAT); allowed: 0 or "
-		     "a duration 1s..1h");
+	             "a duration 1s..1h");
 }
 
 Test(config, env_types_accepted)
 {
-	const char *env[] = { "OUTBOX_AMQP_TLS_VERIFY_PEER=off", "OUTBOX_AMQP_HEARTBEAT=0",
-			      "OUTBOX_RELAY_RETENTION=0", "OUTBOX_HTTP_LISTEN=",
-			      "OUTBOX_AMQP_TLS_CA_FILE=/ca.pem", "OUTBOX_RELAY_ID=relay-a", NULL };
+	const char *env[] = { "OUTBOX_AMQP_TLS_VERIFY_PEER=off",
+		              "OUTBOX_AMQP_HEARTBEAT=0",
+		              "OUTBOX_RELAY_RETENTION=0",
+		              "OUTBOX_HTTP_LISTEN=",
+		              "OUTBOX_AMQP_TLS_CA_FILE=/ca.pem",
+		              "OUTBOX_RELAY_ID=relay-a",
+		              NULL };
 
 	cr_assert_not_null(load(NULL, env, NULL, 0));
 	cr_assert_not(cfg->amqp_tls_verify_peer);
@@ -371,7 +375,7 @@ Test(config, secret_file_unreadable)
 	cr_assert_null(load(NULL, env, NULL, 0));
 	cr_assert_eq(errs.n, 1);
 	expect_error("amqp.url: could not read OUTBOX_AMQP_URL_FILE \"/nonexistent/secret\": "
-		     "No such file or directory");
+	             "No such file or directory");
 }
 
 Test(config, both_value_and_file_set)
@@ -397,7 +401,7 @@ Test(config, set_errors)
 Test(config, channel_and_url_and_listen_checks)
 {
 	const char *sets[] = { "database.channel=public.outbox", "amqp.url=amqp://x",
-			       "http.listen=localhost:70000", "relay.id=" };
+		               "http.listen=localhost:70000", "relay.id=" };
 
 	cr_assert_null(load(NULL, NULL, sets, 4));
 	cr_assert_eq(errs.n, 3);
@@ -410,15 +414,20 @@ Test(config, table_name_leaves_room_for_derived_names)
 {
 	/* 51 bytes fits ("<t>_pending_idx" stays within PostgreSQL's 63); 52 does not, also
 	 * after a schema. */
-	const char *ok[] = { "database.table=app.a23456789012345678901234567890123456789012345678901" };
-	const char *bad[] = { "database.table=a234567890123456789012345678901234567890123456789012" };
+	const char *ok[] = {
+		"database.table=app.a23456789012345678901234567890123456789012345678901"
+	};
+	const char *bad[] = {
+		"database.table=a234567890123456789012345678901234567890123456789012"
+	};
 	struct config *c = load(NULL, NULL, ok, 1);
 
 	cr_assert_not_null(c);
 	config_free(c);
 	cr_assert_null(load(NULL, NULL, bad, 1));
 	cr_assert_eq(errs.n, 1);
-	expect_error("database.table: got \"a234567890123456789012345678901234567890123456789012\"");
+	expect_error(
+	        "database.table: got \"a234567890123456789012345678901234567890123456789012\"");
 	expect_error("51 bytes at most");
 }
 
@@ -529,12 +538,12 @@ Test(config, redaction)
 	cr_assert_str_eq(redact("amqps://u:p%40ss@broker:5671/vh"), "amqps://u:***@broker:5671/vh");
 	cr_assert_str_eq(redact("postgresql://app:s3@cr3t@db/app"), "postgresql://app:***@db/app");
 	cr_assert_str_eq(redact("postgresql://app@db/app?password=x&sslmode=require"),
-			 "postgresql://app@db/app?password=***&sslmode=require");
+	                 "postgresql://app@db/app?password=***&sslmode=require");
 	cr_assert_str_eq(redact("amqp://guest@localhost:5672"), "amqp://guest@localhost:5672");
 	cr_assert_str_eq(redact("amqp://localhost"), "amqp://localhost");
 	cr_assert_str_eq(redact("host=x password=secret"), "host=x password=***");
 	cr_assert_str_eq(redact("host=x password = 'se cr\\'et' dbname=app"),
-			 "host=x password = *** dbname=app");
+	                 "host=x password = *** dbname=app");
 	cr_assert_str_eq(redact("password=a user=b"), "password=*** user=b");
 	cr_assert_str_eq(redact("host=x user=app"), "host=x user=app");
 	cr_assert_str_eq(redact(""), "");
@@ -546,14 +555,13 @@ Test(config, redaction)
 Test(config, value_text_redacts_and_formats)
 {
 	const char *sets[] = { "database.url=host=db password=hunter2",
-			       "amqp.url=amqp://relay:hunter2@b:5672", "relay.lease=90s",
-			       "relay.ordering=skip-dead" };
+		               "amqp.url=amqp://relay:hunter2@b:5672", "relay.lease=90s",
+		               "relay.ordering=skip-dead" };
 	char buf[256];
 	bool seen_secret = false;
 
 	cr_assert_not_null(load(NULL, NULL, sets, 4));
-	cr_assert_str_eq(value((size_t)config_key_index("database.url")),
-			 "host=db password=***");
+	cr_assert_str_eq(value((size_t)config_key_index("database.url")), "host=db password=***");
 	cr_assert_str_eq(value((size_t)config_key_index("amqp.url")), "amqp://relay:***@b:5672");
 	cr_assert_str_eq(value((size_t)config_key_index("relay.lease")), "90s");
 	cr_assert_str_eq(value((size_t)config_key_index("relay.ordering")), "skip-dead");

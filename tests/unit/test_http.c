@@ -146,8 +146,8 @@ Test(http, metrics_are_served_as_prometheus_text)
 	atomic_fetch_add(&g_metrics.published, 5);
 	resp = request(port, "GET", "/metrics");
 	cr_assert_eq(strncmp(resp + 9, "200", 3), 0, "got: %s", resp);
-	cr_assert_not_null(strstr(resp, "Content-Type: text/plain; version=0.0.4\r\n"),
-	                   "got: %s", resp);
+	cr_assert_not_null(strstr(resp, "Content-Type: text/plain; version=0.0.4\r\n"), "got: %s",
+	                   resp);
 	cr_assert_not_null(strstr(body_of(resp), "\noutbox_relay_published_total 5\n"));
 	cr_assert_not_null(strstr(body_of(resp), "outbox_relay_build_info{version=\"9.9.9\"} 1\n"));
 	free(resp);

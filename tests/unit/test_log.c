@@ -77,9 +77,9 @@ Test(log, text_quotes_and_escapes_values)
 
 	log_setup(LOG_DEBUG, LOG_FORMAT_TEXT);
 	capture_start();
-	log_event(LOG_INFO, "store", "m", "plain", "abc", "space", "a b", "empty", "",
-	          "null", NULL, "quote", "say \"hi\"", "eq", "k=v", "nl", "x\ny", "bs", "c:\\d",
-	          "ctl", "a\x01z", "tab", "\t", NULL);
+	log_event(LOG_INFO, "store", "m", "plain", "abc", "space", "a b", "empty", "", "null", NULL,
+	          "quote", "say \"hi\"", "eq", "k=v", "nl", "x\ny", "bs", "c:\\d", "ctl", "a\x01z",
+	          "tab", "\t", NULL);
 	out = capture_end();
 
 	cr_assert(strstr(out, " msg=\"m\"") != NULL, "got: %s", out);
@@ -105,8 +105,11 @@ Test(log, json_line_parses_and_carries_every_field)
 
 	log_setup(LOG_INFO, LOG_FORMAT_JSON);
 	capture_start();
-	log_event(LOG_ERROR, "relay", "row is dead", "id", "r\"1", "error", "bad\x02\n\\",
-	          "utf8", "caf\xc3\xa9", "broken", "a\xff\xfe" "b", "null", NULL, NULL);
+	log_event(LOG_ERROR, "relay", "row is dead", "id", "r\"1", "error", "bad\x02\n\\", "utf8",
+	          "caf\xc3\xa9", "broken",
+	          "a\xff\xfe"
+	          "b",
+	          "null", NULL, NULL);
 	out = capture_end();
 
 	cr_assert_eq(count_char(out, '\n'), 1, "got: %s", out);
@@ -122,7 +125,8 @@ Test(log, json_line_parses_and_carries_every_field)
 	cr_assert_str_eq(json_string_value(json_object_get(o, "utf8")), "caf\xc3\xa9");
 	/* Each invalid byte becomes U+FFFD; jansson would have refused the line otherwise. */
 	cr_assert_str_eq(json_string_value(json_object_get(o, "broken")),
-	                 "a\xef\xbf\xbd\xef\xbf\xbd" "b");
+	                 "a\xef\xbf\xbd\xef\xbf\xbd"
+	                 "b");
 	cr_assert_str_eq(json_string_value(json_object_get(o, "null")), "");
 	cr_assert_eq(json_object_size(o), 9);
 	json_decref(o);
@@ -202,7 +206,7 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 
 /* Writers on several threads with a reader draining the pipe: every line must arrive whole,
  * because each is a single write(2) no longer than PIPE_BUF. */
-#define THREADS 4
+#define THREADS          4
 #define LINES_PER_THREAD 300
 
 struct drain {
@@ -291,7 +295,8 @@ Test(log, pairs_from_an_array)
 	out = capture_end();
 
 	cr_assert_not_null(strstr(out, " component=config msg=\"effective configuration\""
-	                               " a=1 b=\"two words\" c=\"\"\n"), "got: %s", out);
+	                               " a=1 b=\"two words\" c=\"\"\n"),
+	                   "got: %s", out);
 	cr_assert_null(strstr(out, "filtered out"));
 	free(out);
 }

@@ -71,7 +71,7 @@ static void map_ok(const struct broker_message *m, amqp_basic_properties_t *p, a
 static void expect_invalid(const struct broker_message *m, const char *want)
 {
 	amqp_basic_properties_t p;
-	amqp_bytes_t b = {12345, NULL};
+	amqp_bytes_t b = { 12345, NULL };
 	char err[320] = "";
 
 	memset(&p, 0xab, sizeof(p));
@@ -100,12 +100,12 @@ Test(message_map, defaults)
 
 Test(message_map, every_header_type)
 {
-	struct broker_message m = row(
-		"{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,"
-		"\"n\":null,"
-		"\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"four\":4}],"
-		"\"e\":[],\"z\":\"nul\\u0000byte\"}",
-		"{}");
+	struct broker_message m =
+	        row("{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,"
+	            "\"n\":null,"
+	            "\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"four\":4}],"
+	            "\"e\":[],\"z\":\"nul\\u0000byte\"}",
+	            "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 	const amqp_field_value_t *v;
@@ -162,10 +162,10 @@ Test(message_map, every_header_type)
 Test(message_map, every_property)
 {
 	struct broker_message m = row(
-		"{}",
-		"{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
-		"\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
-		"\"content_encoding\":\"gzip\",\"delivery_mode\":1}");
+	        "{}",
+	        "{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
+	        "\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
+	        "\"content_encoding\":\"gzip\",\"delivery_mode\":1}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -241,10 +241,10 @@ Test(message_map, invalid_headers)
 	expect_invalid(&m, "headers: invalid JSON at line 1 column 6: ':' expected near '1'");
 	m.headers_json = "";
 	expect_invalid(
-		&m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
+	        &m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
 	m.headers_json = "{\"a\":1,\"a\":2}";
 	expect_invalid(
-		&m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
+	        &m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
 
 	for (int i = 0; i < 17; i++)
 		append(deep, sizeof(deep), "[");
@@ -256,11 +256,11 @@ Test(message_map, invalid_headers)
 	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
 	                   "nested deeper than 16 levels");
 	m.headers_json =
-		"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
-		"{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
+	        "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
+	        "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
 	expect_invalid(
-		&m,
-		"headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
+	        &m,
+	        "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
 
 	memset(longkey + 2, 'k', 129);
 	append(longkey, sizeof(longkey), "\":1}");
@@ -303,10 +303,8 @@ Test(message_map, invalid_properties)
 	m.properties_json = "[]";
 	expect_invalid(&m, "properties: not a JSON object");
 	m.properties_json = "{";
-	expect_invalid(
-		&m,
-		"properties: invalid JSON at line 1 column 1: "
-		"string or '}' expected near end of file");
+	expect_invalid(&m, "properties: invalid JSON at line 1 column 1: "
+	                   "string or '}' expected near end of file");
 	m.properties_json = "{\"priority\":12}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got 12");
 	m.properties_json = "{\"priority\":-1}";

@@ -36,7 +36,8 @@ Test(readme, every_key_has_a_row_with_its_variable)
 	for (size_t i = 0; i < config_key_count(); i++) {
 		char row[256];
 
-		snprintf(row, sizeof(row), "| `%s` | `%s` |", config_key_name(i), config_key_env(i));
+		snprintf(row, sizeof(row), "| `%s` | `%s` |", config_key_name(i),
+		         config_key_env(i));
 		cr_expect_not_null(strstr(readme, row), "README has no row starting %s", row);
 	}
 	free(readme);
@@ -54,7 +55,8 @@ Test(readme, no_row_names_an_unknown_key)
 		const char *start = p + 4, *end = strchr(start, '`');
 
 		p = start;
-		if (!end || (size_t)(end - start) >= sizeof(key) || strncmp(end, "` | `OUTBOX_", 12))
+		if (!end || (size_t)(end - start) >= sizeof(key) ||
+		    strncmp(end, "` | `OUTBOX_", 12))
 			continue;
 		memcpy(key, start, (size_t)(end - start));
 		key[end - start] = '\0';
