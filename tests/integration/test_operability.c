@@ -43,14 +43,7 @@ static void op_setup(struct op *t, const char *prefix)
 /* Stops the relay if the test has not; an orderly exit must be status 0. */
 static void op_teardown(struct op *t)
 {
-	if (t->relay != NULL) {
-		int st = harness_relay_stop(t->relay, SIGTERM, EXIT_TIMEOUT_MS);
-
-		if (st != 0)
-			harness_relay_dump_log(t->relay);
-		cr_expect_eq(st, 0, "relay exited with %d at the end of the test", st);
-		harness_relay_free(t->relay);
-	}
+	harness_relay_finish(t->relay, "relay");
 	consumer_stop(t->cons);
 	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
 	PQfinish(t->pg);

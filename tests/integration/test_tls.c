@@ -13,7 +13,6 @@
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 120000
-#define EXIT_TIMEOUT_MS     30000
 #define ROWS                40
 
 #define BROKER_FAILED "could not connect, will retry\" to=broker"
@@ -67,14 +66,7 @@ static void tls_setup(struct tls_test *t, const char *prefix, const char *ca)
 /* An orderly stop must exit 0 even when the broker was never reached. */
 static void tls_teardown(struct tls_test *t)
 {
-	if (t->relay != NULL) {
-		int st = harness_relay_stop(t->relay, SIGTERM, EXIT_TIMEOUT_MS);
-
-		if (st != 0)
-			harness_relay_dump_log(t->relay);
-		cr_expect_eq(st, 0, "relay exited with %d at the end of the test", st);
-		harness_relay_free(t->relay);
-	}
+	harness_relay_finish(t->relay, "relay");
 	consumer_stop(t->cons);
 	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
 	PQfinish(t->pg);

@@ -575,6 +575,21 @@ int harness_relay_wait(struct harness_relay *r, int64_t timeout_ms)
 	return st;
 }
 
+void harness_relay_finish(struct harness_relay *r, const char *name)
+{
+	int st;
+
+	if (r == NULL)
+		return;
+	if (!r->exited) {
+		st = harness_relay_stop(r, SIGTERM, 30000);
+		if (st != 0)
+			harness_relay_dump_log(r);
+		cr_expect_eq(st, 0, "%s exited with %d at the end of the test", name, st);
+	}
+	harness_relay_free(r);
+}
+
 int harness_relay_stop(struct harness_relay *r, int sig, int64_t timeout_ms)
 {
 	if (!r->exited)

@@ -110,6 +110,11 @@ int harness_relay_stop(struct harness_relay *r, int sig, int64_t timeout_ms);
 void harness_relay_kill(struct harness_relay *r);
 /* Kills the process if still running, then frees r; accepts NULL. */
 void harness_relay_free(struct harness_relay *r);
+/* The end of a test: SIGTERM, wait up to 30 s, expect exit status 0 (an orderly shutdown;
+ * sanitizer reports would show as a non-zero status), dump the log when it is not, and free.
+ * name says which relay in the failure message. Accepts NULL and relays that already exited
+ * (those are only freed). */
+void harness_relay_finish(struct harness_relay *r, const char *name);
 /* The whole log so far; new string (free()). */
 char *harness_relay_log(const struct harness_relay *r);
 /* Number of log lines containing needle. */
