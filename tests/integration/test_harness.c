@@ -186,7 +186,7 @@ Test(harness, consumer_records_properties_headers_and_duplicates)
 	cr_assert_eq(pub_simple(conn, ex, "t.2", "m-2", "two again"), 0);
 	cr_assert(pub_sync(conn));
 	cr_assert(consumer_wait_unique(cons, 2, 10000), "got %zu", consumer_unique(cons));
-	HARNESS_WAIT(consumer_received(cons) >= 3, 5000);
+	HARNESS_WAIT(consumer_received(cons) >= 3, 30000);
 
 	m = consumer_find(cons, "m-1");
 	cr_assert_not_null(m);
