@@ -1,10 +1,12 @@
 /* Rows the broker refuses, among good rows: unroutable (basic.return), a missing exchange
- * (404) and a user_id that is not the connection's (406). Each costs its own row an attempt
+ * (404), a user_id that is not the connection's (406) and an exchange the relay's user may not
+ * write to (403). Each costs its own row an attempt
  * with the reason and a backoff, never the other rows of its batch; once the route exists
  * the row is delivered; at max_attempts it is dead, logged once at error. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/fault.h"
 
@@ -199,4 +201,78 @@ Test(fault, max_attempts_makes_unroutable_row_dead, .timeout = 300)
 	cr_assert_eq(dups, 0, "basic.return must not resend other rows");
 	expect_good_uncharged(&f);
 	fault_teardown(&f);
+}
+
+/* A broker user that may write to every exchange except those whose name ends in "_denied". */
+static void add_limited_user(const char *user)
+{
+	const char *ctl = harness_require_env("RELAY_TEST_RABBITMQCTL");
+
+	cr_assert_eq(harness_shell("%s add_user %s limited-pw >/dev/null", ctl, user), 0,
+	             "rabbitmqctl add_user failed");
+	cr_assert_eq(harness_shell("%s set_permissions -p / %s '.*' '^(?!.*_denied$).*' '.*'"
+	                           " >/dev/null",
+	                           ctl, user),
+	             0, "rabbitmqctl set_permissions failed");
+}
+
+Test(fault, access_refused_charges_only_its_row, .timeout = 300)
+{
+	const char *ctl = harness_require_env("RELAY_TEST_RABBITMQCTL");
+	struct fault f;
+	struct consumer *denied_cons;
+	char user[64], url[256], url_env[300], denied[96], q2[96], values[256];
+	size_t lost;
+
+	routing_setup(&f, "fault_403");
+	snprintf(user, sizeof(user), "relay_limited_%ld", (long)getpid());
+	snprintf(url, sizeof(url), "amqp://%s:limited-pw@127.0.0.1:%d", user, harness_amqp_port());
+	snprintf(url_env, sizeof(url_env), "OUTBOX_AMQP_URL=%s", url);
+	add_limited_user(user);
+	/* The exchange exists (the passive check passes) but the relay's user may not write to
+	 * it: the broker closes the channel with 403 at the publish. */
+	snprintf(denied, sizeof(denied), "%s_denied", f.table);
+	snprintf(q2, sizeof(q2), "%s_q2", f.table);
+	denied_cons = consumer_start(harness_amqp_url(), q2, denied, "topic", "#");
+	snprintf(values, sizeof(values), "('refused-1', '%s', 'good.rk', '{}', '{}')", denied);
+	insert_with(&f, values);
+
+	const char *const env[] = { url_env, "OUTBOX_RELAY_MAX_ATTEMPTS=100",
+		                    "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
+		                    "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
+	fault_relay_start(&f, env);
+	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(attempts_of(&f, "refused-1") >= 1, 60000);
+	cr_assert_geq(attempts_of(&f, "refused-1"), 1);
+	/* The broker's own reply text, naming the exchange and the user. */
+	expect_error(&f, "refused-1", "ACCESS_REFUSED");
+	expect_error(&f, "refused-1", denied);
+	expect_error(&f, "refused-1", user);
+	cr_assert(fault_logged(&f, "msg=\"could not publish, will retry\" id=refused-1"));
+	cr_assert_eq(consumer_unique(denied_cons), 0, "a refused publish arrived");
+	HARNESS_WAIT(harness_pg_int(f.pg,
+	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
+	                            " AND published_at IS NULL",
+	                            f.table) == 0,
+	             30000);
+	expect_good_uncharged(&f);
+	/* The relay never logged its user's password. */
+	cr_assert_not(fault_logged(&f, "limited-pw"), "the password appeared in a log");
+
+	/* Grant the permission: the row goes out on its next try, on a channel opened since. */
+	cr_assert_eq(
+	        harness_shell("%s set_permissions -p / %s '.*' '.*' '.*' >/dev/null", ctl, user),
+	        0);
+	if (!consumer_wait_unique(denied_cons, 1, 60000))
+		fault_dump_logs(&f);
+	cr_assert_not_null(consumer_find(denied_cons, "refused-1"), "refused-1 not delivered");
+	fault_expect_settled(&f, 100, 30000);
+
+	harness_sleep_ms(1000);
+	/* Duplicates allowed: after the 403 the rest of the batch is republished. */
+	(void)fault_count(&f, "access_refused", "good", GOOD, &lost);
+	cr_assert_eq(lost, 0, "%zu good rows never arrived", lost);
+	consumer_stop(denied_cons);
+	fault_teardown(&f);
+	(void)harness_shell("%s delete_user %s >/dev/null", ctl, user);
 }
