@@ -2,10 +2,13 @@
  * marking rows published or failed, releasing leases, arming the wake-up flag and draining
  * notifications. Errors are classified here into reconnect / retry / fatal. */
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "store/outbox_store.h"
 #include "store/store_private.h"
@@ -96,8 +99,91 @@ static bool sqlstate_is(const char *st, const char *want)
 	return st && strncmp(st, want, strlen(want)) == 0;
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* How long a relay connection waits for an answer before it gives the connection up: a
+ * statement that outlasts the lease is futile (its rows may be claimed by another relay by
+ * then), and a server or network path that stopped answering must not hang the relay.
+ * Admin connections (the CLI, the maintenance loop) wait as long as the server takes. */
+static int64_t answer_timeout_ms(const struct store *s)
+{
+	return s->opts.admin ? 0 : s->opts.lease_ms;
+}
+
+/* Waits until the next result can be read without blocking. False when the answer timeout
+ * ran out first: the handle then remembers it, and the caller's store_result_error() reports
+ * it and drops the connection (a request is still in flight on it). */
+static bool await_result(struct store *s, int64_t deadline)
+{
+	if (deadline == 0)
+		return true;
+	while (PQisBusy(s->conn)) {
+		int64_t left = deadline - mono_ms();
+		struct pollfd p = { .fd = PQsocket(s->conn), .events = POLLIN };
+		int rc;
+
+		if (left <= 0) {
+			s->no_answer = true;
+			return false;
+		}
+		rc = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (rc < 0 && errno != EINTR)
+			return true; /* libpq reports what is wrong with the socket */
+		if (rc > 0 && !PQconsumeInput(s->conn))
+			return true; /* likewise: PQgetResult() returns the error */
+	}
+	return true;
+}
+
+/* Reads every result of the request in flight and returns the one that tells how it went
+ * (the first error, else the last result; the caller clears it), or NULL. */
+static PGresult *collect(struct store *s)
+{
+	int64_t limit = answer_timeout_ms(s);
+	int64_t deadline = limit > 0 ? mono_ms() + limit : 0;
+	PGresult *keep = NULL, *r;
+
+	s->inflight = STORE_INFLIGHT_NONE;
+	while (await_result(s, deadline) && (r = PQgetResult(s->conn)) != NULL) {
+		bool keep_failed = keep && PQresultStatus(keep) == PGRES_FATAL_ERROR;
+
+		if (keep_failed) {
+			PQclear(r);
+			continue;
+		}
+		PQclear(keep);
+		keep = r;
+	}
+	if (s->no_answer) {
+		PQclear(keep);
+		return NULL;
+	}
+	return keep;
+}
+
+/* The answer to a request just sent with one of libpq's PQsend* calls (sent = its return). */
+static PGresult *answer(struct store *s, int sent)
+{
+	return sent ? collect(s) : NULL;
+}
+
 int store_result_error(struct store *s, const PGresult *res, const char *what)
 {
+	if (s->no_answer) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "no answer from PostgreSQL within %lld ms",
+		         (long long)answer_timeout_ms(s));
+		set_line(s, what, why);
+		store_disconnect(s);
+		return STORE_ERR_CONN;
+	}
 	const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	const char *text = res ? PQresultErrorMessage(res) : NULL;
 	bool conn_bad = !s->conn || PQstatus(s->conn) == CONNECTION_BAD;
@@ -146,7 +232,7 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 	rc = store_require_conn(s);
 	if (rc != 0)
 		return rc;
-	res = PQexecParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	res = answer(s, PQsendQueryParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0));
 	if (PQresultStatus(res) != want) {
 		rc = store_result_error(s, res, what);
 		PQclear(res);
@@ -328,6 +414,7 @@ void store_disconnect(struct store *s)
 	s->conn = NULL;
 	s->prepared = false;
 	s->inflight = STORE_INFLIGHT_NONE;
+	s->no_answer = false;
 }
 
 void store_free(struct store *s)
@@ -364,7 +451,7 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 		store_set_error(s, "statement %s too long", name);
 		return STORE_ERR_FATAL;
 	}
-	res = PQprepare(s->conn, name, sql, nparams, NULL);
+	res = answer(s, PQsendPrepare(s->conn, name, sql, nparams, NULL));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = store_result_error(s, res, "could not prepare the relay statements");
 		if (rc == STORE_ERR_FATAL) {
@@ -572,16 +659,22 @@ int store_connect(struct store *s)
 {
 	/* Ours first, the user's string (dbname, expanded) last: libpq keeps the last value of
 	 * a repeated keyword, so anything the user sets wins. Keepalives notice a dead peer
-	 * (a pulled cable, a failed-over VIP) in about 25 s instead of the kernel's 2 hours. */
+	 * (a pulled cable, a failed-over VIP) in about 25 s instead of the kernel's 2 hours, while
+	 * the connection is idle; tcp_user_timeout does the same while a request is unanswered at
+	 * the TCP level, and connect_timeout bounds a connection attempt to a silent server. */
+	char user_timeout[24];
 	const char *keys[] = { "application_name", "keepalives",
 		               "keepalives_idle",  "keepalives_interval",
-		               "keepalives_count", "client_encoding",
+		               "keepalives_count", "connect_timeout",
+		               "tcp_user_timeout", "client_encoding",
 		               "dbname",           NULL };
 	const char *vals[] = { s->opts.application_name ? s->opts.application_name : "outbox-relay",
 		               "1",
 		               "10",
 		               "5",
 		               "3",
+		               "10",
+		               user_timeout,
 		               "UTF8",
 		               s->opts.conninfo ? s->opts.conninfo : "",
 		               NULL };
@@ -589,6 +682,7 @@ int store_connect(struct store *s)
 	PGresult *res = NULL;
 	int rc;
 
+	snprintf(user_timeout, sizeof(user_timeout), "%lld", (long long)answer_timeout_ms(s));
 	store_disconnect(s);
 	if (!s->table[0]) {
 		store_set_error(s, "table name '%s' is not a valid identifier",
@@ -622,8 +716,8 @@ int store_connect(struct store *s)
 	 * flush: a database crash can only forget some of them, which returns rows to be
 	 * published again (a duplicate, never a loss). Marks stay durable (see ST_MARK), so a
 	 * key's next row is never published while its predecessor could still come back. */
-	res = PQexec(s->conn, "SET enable_bitmapscan = off; SET enable_sort = off;"
-	                      " SET synchronous_commit = off");
+	res = answer(s, PQsendQuery(s->conn, "SET enable_bitmapscan = off; SET enable_sort = off;"
+	                                     " SET synchronous_commit = off"));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = store_result_error(s, res, "could not set up the session");
 		goto out;
@@ -642,7 +736,7 @@ int store_connect(struct store *s)
 		}
 		/* Quoted, so that the name matches pg_notify('<channel>') case for case. */
 		snprintf(sql, sizeof(sql), "LISTEN \"%s\"", s->opts.channel);
-		res = PQexec(s->conn, sql);
+		res = answer(s, PQsendQuery(s->conn, sql));
 		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 			rc = store_result_error(s, res, "could not LISTEN");
 			goto out;
@@ -751,7 +845,7 @@ static int take_watermark_sample(struct store *s, const PGresult *res, int nt)
 /* One scalar text query on the relay connection; NULL on failure (error set). */
 static char *scalar(struct store *s, const char *sql)
 {
-	PGresult *res = PQexec(s->conn, sql);
+	PGresult *res = answer(s, PQsendQuery(s->conn, sql));
 	char *v = NULL;
 
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
@@ -895,21 +989,6 @@ nomem:
 	return STORE_ERR_NOMEM;
 }
 
-/* Reads every result of the request in flight; returns the first (caller clears) or NULL. */
-static PGresult *collect(struct store *s)
-{
-	PGresult *first = NULL, *r;
-
-	while ((r = PQgetResult(s->conn)) != NULL) {
-		if (!first)
-			first = r;
-		else
-			PQclear(r);
-	}
-	s->inflight = STORE_INFLIGHT_NONE;
-	return first;
-}
-
 static int send_prepared(struct store *s, const char *name, int n, const char *const *params,
                          enum store_inflight kind, const char *what)
 {
@@ -1048,7 +1127,7 @@ static int exec_prepared(struct store *s, const char *name, int n, const char *c
 	int64_t v = 0;
 	int rc = 0;
 
-	res = PQexecPrepared(s->conn, name, n, params, NULL, NULL, 0);
+	res = answer(s, PQsendQueryPrepared(s->conn, name, n, params, NULL, NULL, 0));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = store_result_error(s, res, what);
 		goto out;

@@ -62,6 +62,7 @@ struct store {
 	PGconn *conn;
 	bool prepared; /* the relay statements exist on this connection */
 	enum store_inflight inflight;
+	bool no_answer;      /* the server did not answer within the answer timeout (see collect) */
 	int64_t claim_floor; /* store_set_claim_floor() */
 	struct ordering_watermark wm;
 	char table[STORE_NAME_MAX]; /* as given, validated: "outbox" or "app.outbox" */

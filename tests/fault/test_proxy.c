@@ -1,6 +1,7 @@
 /* Network faults injected by a TCP proxy in front of each server: every connection cut at
- * once (broker side, then database side), and a broker that goes silent long enough for the
- * confirm timeout. The relay notices, recovers when the network does, and loses nothing. */
+ * once (broker side, then database side), a broker that goes silent long enough for the
+ * confirm timeout, and a database that goes silent mid-request. The relay notices, recovers
+ * when the network does, and loses nothing. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,4 +124,24 @@ Test(fault, proxy_broker_stall_hits_confirm_timeout, .timeout = 300)
 	expect_logged(&t.f, "msg=\"reconnected\" to=broker", "the stall ended");
 	fault_expect_unique(&t.f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
 	net_finish(&t, "proxy_broker_stall");
+}
+
+Test(fault, proxy_database_stall_gives_the_connection_up, .timeout = 300)
+{
+	struct net t;
+	size_t during;
+
+	net_setup(&t, "fault_net_dbstall", NULL);
+	proxy_stall(t.db, true);
+	/* The lease is 3s: a request unanswered for that long is given up, the connection dropped
+	 * and a new one tried (through the proxy that is still stalled, so connect_timeout ends
+	 * those tries) until the stall ends. */
+	expect_logged(&t.f, "no answer from PostgreSQL within 3000 ms", "the database stalled");
+	cr_assert(fault_logged(&t.f, "msg=\"lost connection, will reconnect\" to=database"));
+	harness_sleep_ms(3000);
+	during = consumer_unique(t.f.cons);
+	proxy_stall(t.db, false);
+	expect_logged(&t.f, "msg=\"reconnected\" to=database", "the stall ended");
+	fault_expect_unique(&t.f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
+	net_finish(&t, "proxy_database_stall");
 }
