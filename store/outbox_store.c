@@ -715,9 +715,14 @@ int store_connect(struct store *s)
 	 * The relay's own writes (leases, failures, releases) commit without waiting for the WAL
 	 * flush: a database crash can only forget some of them, which returns rows to be
 	 * published again (a duplicate, never a loss). Marks stay durable (see ST_MARK), so a
-	 * key's next row is never published while its predecessor could still come back. */
-	res = answer(s, PQsendQuery(s->conn, "SET enable_bitmapscan = off; SET enable_sort = off;"
-	                                     " SET synchronous_commit = off"));
+	 * key's next row is never published while its predecessor could still come back.
+	 * statement_timeout matches the answer timeout (see collect()), so that a statement the
+	 * relay gave up on (say, waiting for a lock a migration holds) stops on the server too. */
+	snprintf(sql, sizeof(sql),
+	         "SET enable_bitmapscan = off; SET enable_sort = off;"
+	         " SET synchronous_commit = off; SET statement_timeout = %lld",
+	         (long long)answer_timeout_ms(s));
+	res = answer(s, PQsendQuery(s->conn, sql));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = store_result_error(s, res, "could not set up the session");
 		goto out;
