@@ -79,6 +79,19 @@ static void expect_logged(struct fault *f, const char *line, const char *what)
 	cr_assert(fault_logged(f, line), "no '%s' line after %s", line, what);
 }
 
+/* Lets the stall last a few seconds more, ends it, and expects the relay to reconnect (the
+ * log line `reconnected`) and to move on. */
+static void end_stall(struct net *t, struct proxy *p, const char *reconnected)
+{
+	size_t during;
+
+	harness_sleep_ms(3000);
+	during = consumer_unique(t->f.cons);
+	proxy_stall(p, false);
+	expect_logged(&t->f, reconnected, "the stall ended");
+	fault_expect_unique(&t->f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
+}
+
 Test(fault, proxy_drop_broker_connections, .timeout = 300)
 {
 	struct net t;
@@ -108,7 +121,6 @@ Test(fault, proxy_drop_database_connections, .timeout = 300)
 Test(fault, proxy_broker_stall_hits_confirm_timeout, .timeout = 300)
 {
 	struct net t;
-	size_t during;
 
 	net_setup(&t, "fault_net_stall", NULL);
 	proxy_stall(t.mq, true);
@@ -118,18 +130,13 @@ Test(fault, proxy_broker_stall_hits_confirm_timeout, .timeout = 300)
 	              "the broker stalled");
 	cr_assert(fault_logged(&t.f, "reason=timeout"), "the release does not say it timed out");
 	cr_assert(fault_logged(&t.f, "msg=\"lost connection, will reconnect\" to=broker"));
-	harness_sleep_ms(3000);
-	during = consumer_unique(t.f.cons);
-	proxy_stall(t.mq, false);
-	expect_logged(&t.f, "msg=\"reconnected\" to=broker", "the stall ended");
-	fault_expect_unique(&t.f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
+	end_stall(&t, t.mq, "msg=\"reconnected\" to=broker");
 	net_finish(&t, "proxy_broker_stall");
 }
 
 Test(fault, proxy_database_stall_gives_the_connection_up, .timeout = 300)
 {
 	struct net t;
-	size_t during;
 
 	net_setup(&t, "fault_net_dbstall", NULL);
 	proxy_stall(t.db, true);
@@ -138,10 +145,6 @@ Test(fault, proxy_database_stall_gives_the_connection_up, .timeout = 300)
 	 * those tries) until the stall ends. */
 	expect_logged(&t.f, "no answer from PostgreSQL within 3000 ms", "the database stalled");
 	cr_assert(fault_logged(&t.f, "msg=\"lost connection, will reconnect\" to=database"));
-	harness_sleep_ms(3000);
-	during = consumer_unique(t.f.cons);
-	proxy_stall(t.db, false);
-	expect_logged(&t.f, "msg=\"reconnected\" to=database", "the stall ended");
-	fault_expect_unique(&t.f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
+	end_stall(&t, t.db, "msg=\"reconnected\" to=database");
 	net_finish(&t, "proxy_database_stall");
 }
