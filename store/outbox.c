@@ -12,7 +12,6 @@
 
 #define ID_MAX_BYTES   64
 #define NAME_MAX_CHARS 255 /* VARCHAR(255): exchange, routing key, content type, key */
-#define IDENT_MAX      63
 #define INSERT_SQL_MAX 1024
 
 static void set_err(char *errbuf, size_t errlen, const char *msg, const char *detail)
@@ -53,8 +52,7 @@ size_t outbox_utf8_seq_len(const unsigned char *s, size_t avail)
 	return n;
 }
 
-/* Number of characters when s[0..len) is valid UTF-8 without NUL, else -1. */
-static long utf8_chars(const void *p, size_t len)
+long outbox_utf8_chars(const void *p, size_t len)
 {
 	const unsigned char *s = p;
 	size_t i = 0, k;
@@ -72,7 +70,7 @@ static long utf8_chars(const void *p, size_t len)
 
 static bool text_ok(const char *s, long max_chars)
 {
-	long n = utf8_chars(s, strlen(s));
+	long n = outbox_utf8_chars(s, strlen(s));
 	return n >= 0 && (max_chars < 0 || n <= max_chars);
 }
 
@@ -87,7 +85,7 @@ static bool json_object_ok(const char *s)
 	while (n > 0 &&
 	       (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
 		n--;
-	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && utf8_chars(s, n) >= 0;
+	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && outbox_utf8_chars(s, n) >= 0;
 }
 
 static bool base64_ok(const char *s, size_t len)
@@ -142,28 +140,6 @@ static char *base64_encode(const unsigned char *in, size_t len)
 	return out;
 }
 
-/* "name" or "schema.name", each part [A-Za-z_][A-Za-z0-9_]{0,62}: the only table names we
- * ever put into SQL text. */
-static bool table_ok(const char *t)
-{
-	for (int part = 0; part < 2; part++) {
-		size_t n = 0;
-		if (!((t[0] >= 'a' && t[0] <= 'z') || (t[0] >= 'A' && t[0] <= 'Z') || t[0] == '_'))
-			return false;
-		while ((t[n] >= 'a' && t[n] <= 'z') || (t[n] >= 'A' && t[n] <= 'Z') ||
-		       (t[n] >= '0' && t[n] <= '9') || t[n] == '_')
-			n++;
-		if (n > IDENT_MAX)
-			return false;
-		if (t[n] == '\0')
-			return true;
-		if (t[n] != '.' || part == 1)
-			return false;
-		t += n + 1;
-	}
-	return false;
-}
-
 /* conn and m are borrowed; nothing is kept after the call. */
 int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
                size_t errlen)
@@ -183,7 +159,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		set_err(errbuf, errlen, "no connection or no message", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
-	if (!table_ok(table)) {
+	if (!store_identifier_valid(table)) {
 		set_err(errbuf, errlen, "invalid table name", table);
 		return OUTBOX_ERR_INVALID;
 	}
@@ -226,7 +202,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->body_encoding) {
-		if (utf8_chars(values[3], m->body_len) >= 0) {
+		if (outbox_utf8_chars(values[3], m->body_len) >= 0) {
 			encoding = "utf-8";
 		} else {
 			encoding = "base64";
@@ -240,7 +216,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		}
 	} else if (strcmp(m->body_encoding, "utf-8") == 0) {
 		encoding = "utf-8";
-		if (utf8_chars(values[3], m->body_len) < 0) {
+		if (outbox_utf8_chars(values[3], m->body_len) < 0) {
 			set_err(errbuf, errlen, "body is not valid UTF-8 (or holds NUL bytes)",
 			        NULL);
 			return OUTBOX_ERR_INVALID;

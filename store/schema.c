@@ -1,7 +1,5 @@
 /* The outbox DDL (DESIGN §1 plus the claim indexes and the wake-up objects) and `migrate`,
- * which applies it in one transaction and upgrades an older (AceMQ) table in place. Also the
- * identifier checks that stand between configuration and any SQL we build. */
-#include <ctype.h>
+ * which applies it in one transaction and upgrades an older (AceMQ) table in place. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,45 +13,6 @@
  * names are limited to leave room for the suffix. */
 #define DERIVED_SUFFIX_MAX 12
 #define IDENT_MAX          63
-
-static size_t ident_part_len(const char *s)
-{
-	size_t i = 0;
-
-	if (!(isalpha((unsigned char)s[0]) || s[0] == '_'))
-		return 0;
-	/* isalnum() is locale dependent; the contract is ASCII only. */
-	while ((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-	       (s[i] >= '0' && s[i] <= '9') || s[i] == '_')
-		i++;
-	return i <= IDENT_MAX ? i : 0;
-}
-
-bool store_plain_identifier_valid(const char *s)
-{
-	size_t n;
-
-	if (!s || !((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z') || s[0] == '_'))
-		return false;
-	n = ident_part_len(s);
-	return n > 0 && s[n] == '\0';
-}
-
-bool store_identifier_valid(const char *s)
-{
-	size_t n;
-
-	if (!s || !((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z') || s[0] == '_'))
-		return false;
-	n = ident_part_len(s);
-	if (n == 0)
-		return false;
-	if (s[n] == '\0')
-		return true;
-	if (s[n] != '.')
-		return false;
-	return store_plain_identifier_valid(s + n + 1);
-}
 
 void store_split_table(const char *table, char *schema, size_t schema_len, char *base,
                        size_t base_len)

@@ -82,12 +82,16 @@ bool store_wakeup_name(const char *table, char *out, size_t len);
 bool store_identifier_valid(const char *s);
 /* Same, without a schema part (channel names, derived object names). */
 bool store_plain_identifier_valid(const char *s);
+/* The part after the schema ("outbox" in "app.outbox") of a valid identifier. */
+const char *store_identifier_base(const char *s);
 /* strtoll with end-pointer and errno checks: 0, or -1 when v is not a whole int64. */
 int store_parse_int64(const char *v, int64_t *out);
 /* Length of the valid UTF-8 sequence (no NUL, no surrogates, no overlongs) starting at s, or
  * 0 when there is none. Defined in outbox.c, the producer library, which validates bodies
  * with it too. */
 size_t outbox_utf8_seq_len(const unsigned char *s, size_t avail);
+/* Number of characters when s[0..len) is valid UTF-8 without NUL, else -1 (outbox.c). */
+long outbox_utf8_chars(const void *s, size_t len);
 /* Length of the longest prefix of s (at most len bytes) that is valid UTF-8 without NUL. */
 size_t store_utf8_valid_prefix(const char *s, size_t len);
 
