@@ -532,8 +532,11 @@ static void log_dir(char *buf, size_t len)
 		cr_assert_fail("cannot create %s: %s", buf, strerror(errno));
 }
 
-struct harness_relay *harness_relay_start(const char *table, const char *const *env,
-                                          const char *const *args)
+/* Starts bin with argv[1..] = args (first_arg, when not NULL, before them) and the relay's
+ * clean environment plus env; output to ./relay-logs/<log_name>-<pid>-<n>.log. */
+static struct harness_relay *start_process(const char *bin, const char *first_arg,
+                                           const char *const *args, const char *log_name,
+                                           const char *table, const char *const *env)
 {
 	static unsigned seq;
 	struct harness_relay *r = calloc(1, sizeof(*r));
@@ -545,11 +548,11 @@ struct harness_relay *harness_relay_start(const char *table, const char *const *
 	cr_assert_not_null(r);
 	log_dir(dir, sizeof(dir));
 	snprintf(r->table, sizeof(r->table), "%s", table ? table : "");
-	snprintf(r->log_path, sizeof(r->log_path), "%s/%s-%ld-%u.log", dir, table ? table : "relay",
+	snprintf(r->log_path, sizeof(r->log_path), "%s/%s-%ld-%u.log", dir, log_name,
 	         (long)getpid(), ++seq);
-	argv[argc++] = (char *)harness_relay_bin();
-	if (args == NULL)
-		argv[argc++] = "run";
+	argv[argc++] = (char *)bin;
+	if (first_arg)
+		argv[argc++] = (char *)first_arg;
 	for (const char *const *p = args; p && *p; p++) {
 		cr_assert(argc < 30, "too many arguments");
 		argv[argc++] = (char *)*p;
@@ -559,6 +562,19 @@ struct harness_relay *harness_relay_start(const char *table, const char *const *
 	r->pid = spawn(argv, e.v, r->log_path, NULL);
 	env_free(&e);
 	return r;
+}
+
+struct harness_relay *harness_relay_start(const char *table, const char *const *env,
+                                          const char *const *args)
+{
+	return start_process(harness_relay_bin(), args ? NULL : "run", args,
+	                     table ? table : "relay", table, env);
+}
+
+struct harness_relay *harness_program_start(const char *bin, const char *const *args,
+                                            const char *const *env, const char *log_name)
+{
+	return start_process(bin, NULL, args, log_name, NULL, env);
 }
 
 int harness_relay_wait(struct harness_relay *r, int64_t timeout_ms)

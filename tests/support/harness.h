@@ -101,6 +101,11 @@ struct harness_relay {
  * the default). Output goes to a log file under ./relay-logs. Free with harness_relay_free. */
 struct harness_relay *harness_relay_start(const char *table, const char *const *env,
                                           const char *const *args);
+/* Starts another program (bin args..., args NULL-terminated) the same way, with the same
+ * clean environment (no table) plus env, its output in a log named after log_name. The
+ * harness_relay_* calls below work on it too. */
+struct harness_relay *harness_program_start(const char *bin, const char *const *args,
+                                            const char *const *env, const char *log_name);
 /* Waits up to timeout_ms for the process to exit. Returns its exit code, 128 + signal when a
  * signal killed it, or -1 when it is still running. */
 int harness_relay_wait(struct harness_relay *r, int64_t timeout_ms);
