@@ -1187,8 +1187,9 @@ out:
 	return rate;
 }
 
-/* With and without alternate (twice in a full run) so that a drift of the machine during the
- * run does not favour whichever phase came first. */
+/* With and without alternate, in the order with-without, then without-with (twice in a full
+ * run), so that a drift of the machine during the run (autovacuum, checkpoints, a neighbour)
+ * does not favour whichever phase comes first. */
 static void bench_producer(void)
 {
 	int rounds = opt.quick ? 1 : 2;
@@ -1196,11 +1197,18 @@ static void bench_producer(void)
 
 	for (int r = 0; r < rounds; r++) {
 		long nw = 0, nwo = 0;
-		double a = producer_phase("producer", "bench_pc_with", true, &nw);
-		double b = isnan(a) ? NAN
-		                    : producer_phase("producer", "bench_pc_without", false, &nwo);
+		double a = NAN, b = NAN;
 
-		if (isnan(b))
+		if (r % 2 == 0) {
+			a = producer_phase("producer", "bench_pc_with", true, &nw);
+			if (!isnan(a))
+				b = producer_phase("producer", "bench_pc_without", false, &nwo);
+		} else {
+			b = producer_phase("producer", "bench_pc_without", false, &nwo);
+			if (!isnan(b))
+				a = producer_phase("producer", "bench_pc_with", true, &nw);
+		}
+		if (isnan(a) || isnan(b))
 			return;
 		printf("producer: round %d: %d connections, single-row inserts, %d s each, relay "
 		       "running: with wake-up %.0f commits/s (%ld notifying commits), without %.0f "
