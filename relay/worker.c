@@ -27,8 +27,13 @@
 #define OWED_MAX 20000
 
 struct endpoint_state {
-	bool up;             /* counted in g_metrics */
-	int64_t failures;    /* consecutive failed attempts */
+	bool up;          /* counted in g_metrics */
+	int64_t failures; /* consecutive failed attempts */
+	/* Failures since the endpoint last did useful work (a claim or mark answered, a batch
+	 * confirmed), which sets the reconnect backoff. Connecting alone does not end a streak:
+	 * a broker that blocks every new connection at its first publish, or a database whose
+	 * statements fail on every fresh connection, is retried less and less often. */
+	int64_t streak;
 	int64_t retry_at_ms; /* CLOCK_MONOTONIC */
 	int64_t down_since_ms;
 };
@@ -126,7 +131,8 @@ static void endpoint_down(struct worker *w, struct endpoint_state *e, atomic_int
 	if (!e->down_since_ms)
 		e->down_since_ms = now;
 	e->failures++;
-	delay = backoff_ms(RECONNECT_MIN_MS, RECONNECT_MAX_MS, e->failures, &w->seed);
+	e->streak++;
+	delay = backoff_ms(RECONNECT_MIN_MS, RECONNECT_MAX_MS, e->streak, &w->seed);
 	e->retry_at_ms = now + delay;
 	fmt_ms(delay, wait, sizeof(wait));
 	if (was_up)
@@ -534,12 +540,16 @@ static void cycle(struct worker *w)
 	}
 	if (brc == BROKER_OK)
 		brc = broker_confirm(w->broker, w->msgs, x->n, w->res);
+	if (brc == BROKER_OK)
+		w->mq.streak = 0;
 	if (claiming) {
 		rc = store_claim_recv(w->store, next);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			db_ok = false;
 			next->n = 0;
+		} else {
+			w->db.streak = 0;
 		}
 	}
 
@@ -648,6 +658,7 @@ static void worker_loop(struct worker *w)
 			db_failed(w, rc, "claiming rows");
 			continue;
 		}
+		w->db.streak = 0;
 		w->armed = false;
 		disarm = false;
 		if (x->n > 0)
