@@ -26,6 +26,7 @@
 #include "store/inbox.h"
 
 #define SEEN_MAX 4096
+#define PREFETCH 100 /* unacked deliveries the broker sends ahead */
 
 #define INBOX_LEASE_MS     30000                    /* longer than the work takes */
 #define INBOX_RETENTION_MS (7LL * 24 * 3600 * 1000) /* longer than any redelivery */
@@ -307,6 +308,11 @@ int main(int argc, char **argv)
 		if (!rpc_ok(c, "bind the queue"))
 			goto out;
 	}
+	/* A bounded prefetch: while one message waits (a pause before a requeue, a slow
+	 * database), the broker keeps the rest for other consumers of the queue. */
+	amqp_basic_qos(c, 1, 0, PREFETCH, 0);
+	if (!rpc_ok(c, "set the prefetch"))
+		goto out;
 	amqp_basic_consume(c, 1, amqp_cstring_bytes(argv[2]), amqp_empty_bytes, 0, 0, 0,
 	                   amqp_empty_table);
 	if (!rpc_ok(c, "consume"))
