@@ -844,7 +844,7 @@ int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n
 	if (rc != BROKER_OK)
 		return rc;
 	for (size_t i = 0; i < n && !b->channel_closed; i++) {
-		if (res[i].outcome != BROKER_PENDING)
+		if (res[i].outcome != BROKER_PENDING || msgs[i].retry)
 			continue;
 		rc = publish_row(b, i);
 		if (rc != BROKER_OK)
@@ -983,6 +983,43 @@ static void fill_results(struct broker *b)
 	}
 }
 
+/* Waits until every row sent so far has its answer or the channel closes. */
+static int wait_all(struct broker *b, int64_t deadline_ms)
+{
+	while (!b->channel_closed && confirm_tracker_outstanding(&b->tracker) > 0) {
+		int64_t left = time_left(b, deadline_ms);
+		int rc;
+
+		if (left <= 0)
+			return timed_out(b);
+		rc = read_frame(b, left);
+		if (rc < 0)
+			return rc;
+	}
+	return BROKER_OK;
+}
+
+/* Publishes the retry rows that broker_publish() held back; returns how many were sent, or
+ * an error. Stops early when the channel closes (find_culprit() takes the rest). */
+static int publish_retries(struct broker *b)
+{
+	int sent = 0;
+
+	for (size_t i = 0; i < b->n && !b->channel_closed; i++) {
+		int rc;
+
+		if (b->res[i].outcome != BROKER_PENDING || !b->msgs[i].retry ||
+		    confirm_tracker_state(&b->tracker, i) != CONFIRM_TRACKER_UNSENT)
+			continue;
+		rc = publish_row(b, i);
+		if (rc == BROKER_OK && ++sent % DRAIN_EVERY == 0)
+			rc = drain(b);
+		if (rc != BROKER_OK)
+			return rc;
+	}
+	return sent;
+}
+
 int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res)
 {
@@ -999,18 +1036,17 @@ int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n
 		rc = BROKER_ERR_CONN;
 		goto out;
 	}
-	while (!b->channel_closed && confirm_tracker_outstanding(&b->tracker) > 0) {
-		int64_t left = time_left(b, deadline_ms);
+	rc = wait_all(b, deadline_ms);
+	if (rc == BROKER_OK && !b->channel_closed) {
+		int sent = publish_retries(b);
 
-		if (left <= 0) {
-			rc = timed_out(b);
-			goto out;
-		}
-		rc = read_frame(b, left);
-		if (rc < 0)
-			goto out;
-		rc = BROKER_OK;
+		if (sent < 0)
+			rc = sent;
+		else if (sent > 0)
+			rc = wait_all(b, clock_mono_ms() + b->opts.confirm_timeout_ms);
 	}
+	if (rc != BROKER_OK)
+		goto out;
 	if (b->channel_closed) {
 		/* The search gets a fresh allowance: it is one round trip per row. */
 		rc = find_culprit(b, clock_mono_ms() + b->opts.confirm_timeout_ms);

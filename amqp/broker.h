@@ -47,6 +47,10 @@ struct broker_message {
 	const char *headers_json;
 	const char *properties_json;
 	int64_t timestamp_s; /* created_at */
+	/* A row that failed before: published after every other row of the batch has its
+	 * answer, with the other such rows, so that a publish that closes the channel again
+	 * (403, 406) cannot cost the rest of the batch a duplicate. */
+	bool retry;
 };
 
 enum broker_outcome {
@@ -90,16 +94,18 @@ int broker_fd(const struct broker *b);       /* socket to poll while idle, -1 if
  * heartbeat/2. */
 int broker_service(struct broker *b) __attribute__((warn_unused_result));
 
-/* Validates and publishes n messages (mandatory, persistent, DESIGN §5 mapping). res[i] is
- * set to BROKER_INVALID (with error) for rows that can never be published — those are not
- * sent — and to BROKER_PENDING for the rest. Exchanges are checked once per connection with
+/* Validates and publishes n messages (mandatory, persistent, DESIGN §5 mapping), in order
+ * but for rows marked retry, which broker_confirm() publishes last. res[i] is set to
+ * BROKER_INVALID (with error) for rows that can never be published — those are not sent —
+ * and to BROKER_PENDING for the rest. Exchanges are checked once per connection with
  * a passive declare: rows for a missing exchange get BROKER_REFUSED without being sent.
  * msgs and res are borrowed and must stay valid until broker_confirm() returns. */
 int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res) __attribute__((warn_unused_result));
 
 /* Waits for the broker's answer to everything the last broker_publish() sent, for at most
- * confirm_timeout. When the broker closes the channel because of one publish (404/406/403),
+ * confirm_timeout; then publishes the retry rows together and waits for those (with a fresh
+ * confirm_timeout). When the broker closes the channel because of one publish (404/406/403),
  * reopens it and republishes the unconfirmed rows one at a time to find the culprit, which
  * gets BROKER_REFUSED; the others are published again without blame (duplicates possible,
  * never loss). Returns BROKER_OK when every row has an outcome other than PENDING, else the

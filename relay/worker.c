@@ -429,6 +429,7 @@ static void prepare(struct worker *w, const struct store_batch *b)
 		m->headers_json = r->headers;
 		m->properties_json = r->properties;
 		m->timestamp_s = r->created_at_s;
+		m->retry = r->attempts > 0;
 		w->res[i].outcome = BROKER_PENDING;
 		w->res[i].error[0] = '\0';
 		w->res[i].confirm_us = 0;

@@ -369,6 +369,45 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 	free(url);
 }
 
+/* Rows that failed before go last, as a group of their own: when one of them closes the
+ * channel again, the rows of the batch that had not failed are already confirmed, so none of
+ * them is sent twice, and the row after the culprit is found and delivered once too. */
+Test(broker, retried_rows_go_last_and_cost_the_others_no_duplicate)
+{
+	struct broker_message m[6] = {
+		msg("rt-1", exchange, "k", "a"), msg("rt-2", exchange, "k", "b"),
+		msg("rt-3", exchange, "k", "c"), msg("rt-4", exchange, "k", "d"),
+		msg("rt-5", exchange, "k", "e"), msg("rt-6", exchange, "k", "f"),
+	};
+	const char *want_order[] = { "rt-1", "rt-3", "rt-5", "rt-6", "rt-4" };
+	struct broker_result res[6];
+	amqp_message_t *got;
+	size_t k = 0;
+
+	m[1].properties_json = "{\"user_id\":\"somebody-else\"}";
+	m[1].retry = true;
+	m[3].retry = true;
+	cr_assert_eq(publish_confirm(m, 6, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
+	cr_assert_eq(res[1].outcome, BROKER_REFUSED);
+	cr_assert(strstr(res[1].error, "PRECONDITION_FAILED") != NULL, "%s", res[1].error);
+	for (size_t i = 0; i < 6; i++) {
+		if (i != 1)
+			cr_assert_eq(res[i].outcome, BROKER_ACKED, "row %zu: %d %s", i,
+			             res[i].outcome, res[i].error);
+	}
+	/* In the queue: the rows that had not failed, in order, then the retried good one; each
+	 * once. */
+	while ((got = get_message(admin, queue)) != NULL) {
+		cr_assert_lt(k, 5, "more than five messages arrived");
+		cr_assert(bytes_is(got->properties.message_id, want_order[k]),
+		          "message %zu is %.*s, want %s", k, (int)got->properties.message_id.len,
+		          (const char *)got->properties.message_id.bytes, want_order[k]);
+		drop_message(got);
+		k++;
+	}
+	cr_assert_eq(k, 5);
+}
+
 Test(broker, full_queue_with_reject_publish_nacks)
 {
 	char full[128];
