@@ -1043,7 +1043,7 @@ int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n
 		if (sent < 0)
 			rc = sent;
 		else if (sent > 0)
-			rc = wait_all(b, clock_mono_ms() + b->opts.confirm_timeout_ms);
+			rc = wait_all(b, deadline_ms); /* one confirm_timeout for the whole batch */
 	}
 	if (rc != BROKER_OK)
 		goto out;

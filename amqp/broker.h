@@ -103,11 +103,11 @@ int broker_service(struct broker *b) __attribute__((warn_unused_result));
 int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res) __attribute__((warn_unused_result));
 
-/* Waits for the broker's answer to everything the last broker_publish() sent, for at most
- * confirm_timeout; then publishes the retry rows together and waits for those (with a fresh
- * confirm_timeout). When the broker closes the channel because of one publish (404/406/403),
- * reopens it and republishes the unconfirmed rows one at a time to find the culprit, which
- * gets BROKER_REFUSED; the others are published again without blame (duplicates possible,
+/* Waits for the broker's answer to everything the last broker_publish() sent, then
+ * publishes the retry rows together and waits for those, all within confirm_timeout. When
+ * the broker closes the channel because of one publish (404/406/403), reopens it and
+ * republishes the unconfirmed rows one at a time to find the culprit, which gets
+ * BROKER_REFUSED; the others are published again without blame (duplicates possible,
  * never loss). Returns BROKER_OK when every row has an outcome other than PENDING, else the
  * error, leaving unanswered rows PENDING. */
 int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n,

@@ -482,8 +482,9 @@ static int prepare_statements(struct store *s)
 	 * commit an earlier row of that key. Comparing the row's own txid with the snapshot's
 	 * xmin is not enough: a transaction gets its id at its first write, so one with a
 	 * higher id may hold a lower seq. Instead keyed rows are claimable up to a watermark
-	 * seq that is known settled (see struct ordering_watermark in store_private.h). The disarm CTE clears the wake-up flag in the same round
-	 * trip. The order is the pending index's, so the scan stops after about $3 rows. */
+	 * seq that is known settled (see struct ordering_watermark in store_private.h). The
+	 * disarm CTE clears the wake-up flag in the same round trip. The order is the pending
+	 * index's, so the scan stops after about $3 rows. */
 	w = snprintf(
 	        sql, sizeof(sql),
 	        "WITH disarm AS (UPDATE %s SET armed_until = NULL"

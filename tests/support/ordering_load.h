@@ -26,9 +26,9 @@ size_t ordering_load_committed(struct ordering_load *l);
 
 /* Reads the keyed rows of table in seq order (only those matching the SQL condition filter
  * when it is not NULL) and compares each key's rows with the order in which they arrived at
- * the n_cons consumers in cons (a key's rows all go to one of them). With collapse_repeats a delivery that repeats the previous
- * delivery of its key is ignored (a relay killed between confirm and mark resends the row it
- * had just published); otherwise any duplicate fails. Fails the test at the first difference;
+ * the n_cons consumers in cons (a key's rows all go to one of them). With collapse_repeats a
+ * delivery that repeats the previous delivery of its key is ignored (a relay killed between
+ * confirm and mark resends the row it had just published); otherwise any duplicate fails. Fails the test at the first difference;
  * prints one summary line tagged with what. */
 void ordering_check(PGconn *pg, const char *table, const char *filter, struct consumer *const *cons,
                     size_t n_cons, bool collapse_repeats, const char *what);
