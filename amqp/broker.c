@@ -892,21 +892,28 @@ static int timed_out(struct broker *b)
 	return BROKER_ERR_TIMEOUT;
 }
 
-/* Waits until row i (just republished alone) has an answer or the channel closes. */
-static int wait_row(struct broker *b, size_t i, int64_t deadline_ms)
+#define ALL_ROWS SIZE_MAX
+
+/* Reads frames until row (ALL_ROWS: every row sent so far) has its answer or the channel
+ * closes. */
+static int wait_answers(struct broker *b, size_t row, int64_t deadline_ms)
 {
-	while (confirm_tracker_state(&b->tracker, i) == CONFIRM_TRACKER_SENT &&
-	       !b->channel_closed) {
-		int64_t left = time_left(b, deadline_ms);
+	for (;;) {
+		bool waiting = row == ALL_ROWS ? confirm_tracker_outstanding(&b->tracker) > 0
+		                               : confirm_tracker_state(&b->tracker, row) ==
+		                                         CONFIRM_TRACKER_SENT;
+		int64_t left;
 		int rc;
 
+		if (!waiting || b->channel_closed)
+			return BROKER_OK;
+		left = time_left(b, deadline_ms);
 		if (left <= 0)
 			return timed_out(b);
 		rc = read_frame(b, left);
 		if (rc < 0)
 			return rc;
 	}
-	return BROKER_OK;
 }
 
 static bool culprit_code(int code)
@@ -940,7 +947,7 @@ static int find_culprit(struct broker *b, int64_t deadline_ms)
 			continue;
 		rc = publish_row(b, i);
 		if (rc == BROKER_OK)
-			rc = wait_row(b, i, deadline_ms);
+			rc = wait_answers(b, i, deadline_ms);
 		if (rc != BROKER_OK)
 			return rc;
 		if (!b->channel_closed)
@@ -983,22 +990,6 @@ static void fill_results(struct broker *b)
 	}
 }
 
-/* Waits until every row sent so far has its answer or the channel closes. */
-static int wait_all(struct broker *b, int64_t deadline_ms)
-{
-	while (!b->channel_closed && confirm_tracker_outstanding(&b->tracker) > 0) {
-		int64_t left = time_left(b, deadline_ms);
-		int rc;
-
-		if (left <= 0)
-			return timed_out(b);
-		rc = read_frame(b, left);
-		if (rc < 0)
-			return rc;
-	}
-	return BROKER_OK;
-}
-
 /* Publishes the retry rows that broker_publish() held back; returns how many were sent, or
  * an error. Stops early when the channel closes (find_culprit() takes the rest). */
 static int publish_retries(struct broker *b)
@@ -1036,14 +1027,14 @@ int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n
 		rc = BROKER_ERR_CONN;
 		goto out;
 	}
-	rc = wait_all(b, deadline_ms);
+	rc = wait_answers(b, ALL_ROWS, deadline_ms);
 	if (rc == BROKER_OK && !b->channel_closed) {
 		int sent = publish_retries(b);
 
 		if (sent < 0)
 			rc = sent;
-		else if (sent > 0)
-			rc = wait_all(b, deadline_ms); /* one confirm_timeout for the whole batch */
+		else if (sent > 0) /* within the same deadline: one confirm_timeout a batch */
+			rc = wait_answers(b, ALL_ROWS, deadline_ms);
 	}
 	if (rc != BROKER_OK)
 		goto out;

@@ -32,53 +32,59 @@ static void finish(struct fault *f, struct fault_producer *p, const char *name)
 	             0, "a lost connection must not charge attempts");
 }
 
-Test(fault, broker_stop_app_start_app, .timeout = 300)
+/* One broker fault in the middle of a stream of commits: cause() it, expect fault_line in a
+ * relay log, let it last pause_ms, end() it, expect back_line (when not NULL), then progress;
+ * in the end every committed row is delivered and no attempt is charged. */
+struct broker_fault {
+	const char *prefix, *name;
+	void (*cause)(void);
+	const char *fault_line;
+	int pause_ms;
+	void (*end)(void);
+	const char *back_line;
+};
+
+static void run_broker_fault(const struct broker_fault *bf)
 {
 	struct fault f;
 	struct fault_producer *p;
 	struct harness_relay *r;
 
-	fault_setup(&f, "fault_brk_app");
+	fault_setup(&f, bf->prefix);
 	p = fault_producer_start(&f, "brk", 50, 20, MAX_ROWS);
 	r = fault_relay_start(&f, NULL);
 	expect_progress(&f, 2000);
 
-	harness_broker_stop_app();
-	cr_assert(fault_wait_logged(&f, lost_line, FAULT_LOG_TIMEOUT_MS),
-	          "no 'lost connection' line after stop_app");
-	harness_sleep_ms(1000); /* rows keep being committed while the broker is away */
-	harness_broker_start_app();
-	if (!fault_wait_logged(&f, back_line, FAULT_LOG_TIMEOUT_MS))
+	bf->cause();
+	if (!fault_wait_logged(&f, bf->fault_line, FAULT_LOG_TIMEOUT_MS))
 		fault_dump_logs(&f);
-	cr_assert(fault_logged(&f, back_line), "no 'reconnected' line after start_app");
+	cr_assert(fault_logged(&f, bf->fault_line), "no '%s' line in %s", bf->fault_line, bf->name);
+	harness_sleep_ms(bf->pause_ms); /* rows keep being committed meanwhile */
+	bf->end();
+	if (bf->back_line) {
+		if (!fault_wait_logged(&f, bf->back_line, FAULT_LOG_TIMEOUT_MS))
+			fault_dump_logs(&f);
+		cr_assert(fault_logged(&f, bf->back_line), "no '%s' line in %s", bf->back_line,
+		          bf->name);
+	}
 	expect_progress(&f, 2000);
 	cr_assert_not(r->exited, "the relay process must recover by itself");
-	finish(&f, p, "broker_stop_app");
+	finish(&f, p, bf->name);
 	fault_teardown(&f);
+}
+
+Test(fault, broker_stop_app_start_app, .timeout = 300)
+{
+	run_broker_fault(&(struct broker_fault){ "fault_brk_app", "broker_stop_app",
+	                                         harness_broker_stop_app, lost_line, 1000,
+	                                         harness_broker_start_app, back_line });
 }
 
 Test(fault, broker_node_stop_start, .timeout = 300)
 {
-	struct fault f;
-	struct fault_producer *p;
-	struct harness_relay *r;
-
-	fault_setup(&f, "fault_brk_node");
-	p = fault_producer_start(&f, "brk", 50, 20, MAX_ROWS);
-	r = fault_relay_start(&f, NULL);
-	expect_progress(&f, 2000);
-
-	harness_broker_node_stop();
-	cr_assert(fault_wait_logged(&f, lost_line, FAULT_LOG_TIMEOUT_MS),
-	          "no 'lost connection' line after the node stopped");
-	harness_broker_node_start();
-	if (!fault_wait_logged(&f, back_line, FAULT_LOG_TIMEOUT_MS))
-		fault_dump_logs(&f);
-	cr_assert(fault_logged(&f, back_line), "no 'reconnected' line after the node started");
-	expect_progress(&f, 2000);
-	cr_assert_not(r->exited, "the relay process must recover by itself");
-	finish(&f, p, "broker_node_restart");
-	fault_teardown(&f);
+	run_broker_fault(&(struct broker_fault){ "fault_brk_node", "broker_node_restart",
+	                                         harness_broker_node_stop, lost_line, 0,
+	                                         harness_broker_node_start, back_line });
 }
 
 /* A memory high watermark of 1 byte raises RabbitMQ's memory alarm: it blocks every
@@ -91,36 +97,24 @@ static void memory_alarm(bool on)
 	             0, "rabbitmqctl set_vm_memory_high_watermark failed");
 }
 
+static void raise_memory_alarm(void)
+{
+	memory_alarm(true);
+}
+
 static void clear_memory_alarm(void)
 {
 	memory_alarm(false);
 }
 
+/* confirm_timeout is 2s: blocked that long, the batch is released (no attempt charged) and
+ * the connection given up; the relay keeps trying until the alarm clears. */
 Test(fault, broker_memory_alarm_blocks_publishing, .timeout = 300, .fini = clear_memory_alarm)
 {
-	static const char blocked_line[] =
-	        "error=\"broker blocked the connection for more than 2000 ms (resource alarm)\"";
-	struct fault f;
-	struct fault_producer *p;
-	struct harness_relay *r;
-
-	fault_setup(&f, "fault_brk_alarm");
-	p = fault_producer_start(&f, "brk", 50, 20, MAX_ROWS);
-	r = fault_relay_start(&f, NULL);
-	expect_progress(&f, 2000);
-
-	/* confirm_timeout is 2s: blocked that long, the batch is released and the connection
-	 * given up; the relay keeps trying until the alarm clears. */
-	memory_alarm(true);
-	if (!fault_wait_logged(&f, blocked_line, FAULT_LOG_TIMEOUT_MS))
-		fault_dump_logs(&f);
-	cr_assert(fault_logged(&f, blocked_line), "no line saying the broker blocked publishing");
-	cr_assert(fault_logged(&f, "msg=\"broker did not confirm the batch, unconfirmed rows "
-	                           "released\" reason=timeout"));
-	harness_sleep_ms(3000);
-	memory_alarm(false);
-	expect_progress(&f, 2000);
-	cr_assert_not(r->exited, "the relay process must recover by itself");
-	finish(&f, p, "broker_memory_alarm");
-	fault_teardown(&f);
+	run_broker_fault(&(struct broker_fault){
+	        "fault_brk_alarm", "broker_memory_alarm", raise_memory_alarm,
+	        "msg=\"broker did not confirm the batch, unconfirmed rows released\""
+	        " reason=timeout error=\"broker blocked the connection for more than 2000 ms"
+	        " (resource alarm)\"",
+	        3000, clear_memory_alarm, NULL });
 }
