@@ -39,9 +39,10 @@ struct options {
 	bool quick;
 	long n_tput; /* rows for the limit, throughput and keys runs */
 	long n_backlog;
-	int phase_s;  /* producer cost phase and idle latency duration */
-	long workers; /* relay.workers for every relay run */
-	long batch;   /* relay.batch_size for every relay run */
+	int phase_s;           /* producer cost phase and idle latency duration */
+	long workers;          /* relay.workers for every relay run */
+	long batch;            /* relay.batch_size for every relay run */
+	const char *retention; /* relay.retention for every relay run ("0": delete on confirm) */
 };
 
 static struct options opt;
@@ -433,17 +434,10 @@ struct relay_proc {
  * queue's and the LISTEN channel's name, so runs never see each other's rows). */
 static pid_t relay_spawn(const char *cmd, const char *table)
 {
-	char db[1100], mq[600], tb[100], ch[100], wk[48], bs[48];
-	char *envp[] = { db,
-		         mq,
-		         tb,
-		         ch,
-		         wk,
-		         bs,
-		         "OUTBOX_HTTP_LISTEN=",
-		         "OUTBOX_LOG_LEVEL=warn",
-		         "OUTBOX_RELAY_RETENTION=30d",
-		         NULL };
+	char db[1100], mq[600], tb[100], ch[100], wk[48], bs[48], rt[64];
+	char *envp[] = {
+		db, mq, tb, ch, wk, bs, rt, "OUTBOX_HTTP_LISTEN=", "OUTBOX_LOG_LEVEL=warn", NULL
+	};
 	char *argv[] = { (char *)opt.relay, (char *)cmd, NULL };
 	pid_t pid;
 
@@ -453,6 +447,7 @@ static pid_t relay_spawn(const char *cmd, const char *table)
 	snprintf(ch, sizeof(ch), "OUTBOX_DATABASE_CHANNEL=%s", table);
 	snprintf(wk, sizeof(wk), "OUTBOX_RELAY_WORKERS=%ld", opt.workers > 0 ? opt.workers : 1);
 	snprintf(bs, sizeof(bs), "OUTBOX_RELAY_BATCH_SIZE=%ld", opt.batch > 0 ? opt.batch : 500);
+	snprintf(rt, sizeof(rt), "OUTBOX_RELAY_RETENTION=%s", opt.retention);
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
@@ -1327,8 +1322,9 @@ static void print_facts(void)
 	printf("versions: PostgreSQL %s (fsync=%s, synchronous_commit=%s), RabbitMQ %s, "
 	       "rabbitmq-c %s, relay %s\n",
 	       pgv, fs, sc, rmqv, amqp_version(), opt.relay);
-	printf("sizes: rows %ld, backlog %ld, phases %d s, body %d B%s\n", opt.n_tput,
-	       opt.n_backlog, opt.phase_s, BODY_LEN, opt.quick ? " (--quick)" : "");
+	printf("sizes: rows %ld, backlog %ld, phases %d s, body %d B, relay.retention %s%s\n",
+	       opt.n_tput, opt.n_backlog, opt.phase_s, BODY_LEN, opt.retention,
+	       opt.quick ? " (--quick)" : "");
 	fflush(stdout);
 }
 
@@ -1369,7 +1365,7 @@ static void print_summary(void)
 
 static const char usage[] =
         "usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog N]\n"
-        "                    [--seconds S] [--workers N] [--batch N]\n"
+        "                    [--seconds S] [--workers N] [--batch N] [--retention D]\n"
         "  NAME: limit, relay, idle, producer, backlog, keys (memory comes with relay/backlog)\n"
         "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n";
 
@@ -1421,6 +1417,7 @@ int main(int argc, char **argv)
 	bool known = false;
 	struct sigaction sa;
 
+	opt.retention = "30d";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1446,6 +1443,10 @@ int main(int argc, char **argv)
 			i++;
 		} else if (strcmp(a, "--batch") == 0 && v &&
 		           parse_long(v, 1, 10000, &opt.batch) == 0) {
+			i++;
+		} else if (strcmp(a, "--retention") == 0 && v && v[0] && strlen(v) < 32) {
+			/* relay.retention as the relay reads it; the relay refuses a bad one. */
+			opt.retention = v;
 			i++;
 		} else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			fputs(usage, stdout);
