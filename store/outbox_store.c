@@ -128,6 +128,8 @@ static bool await_result(struct store *s, int64_t deadline)
 		struct pollfd p = { .fd = PQsocket(s->conn), .events = POLLIN };
 		int rc;
 
+		if (p.fd < 0)
+			return true; /* no socket: PQgetResult() says why */
 		if (left <= 0) {
 			s->no_answer = true;
 			return false;
