@@ -1,5 +1,6 @@
 /* Three relays on one table at once, no faults: SKIP LOCKED claims split the rows, so every
- * row arrives exactly once. */
+ * row arrives exactly once. No relay dies, so the lease is long: one that ran out on a loaded
+ * machine would let another relay take rows still in flight, a duplicate no fault caused. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 
@@ -17,8 +18,8 @@ Test(fault, three_relays_no_faults, .timeout = 400)
 	fault_setup(&f, "fault_three");
 	harness_insert_rows(f.pg, f.table, ROWS, f.exchange, "three.relays", "three", NULL, NULL);
 	for (int i = 0; i < 3; i++)
-		fault_relay_start(
-		        &f, (const char *const[]){ ids[i], "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
+		fault_relay_start(&f, (const char *const[]){ ids[i], "OUTBOX_RELAY_BATCH_SIZE=100",
+		                                             "OUTBOX_RELAY_LEASE=60s", NULL });
 	fault_expect_unique(&f, ROWS, FAULT_DELIVERY_TIMEOUT_MS);
 	fault_expect_settled(&f, 10, 60000);
 	harness_sleep_ms(1500);
