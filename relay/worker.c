@@ -29,7 +29,7 @@
 struct endpoint_state {
 	bool up;          /* counted in g_metrics */
 	int64_t failures; /* consecutive failed attempts */
-	/* Failures since the endpoint last did useful work (a claim or mark answered, a batch
+	/* Failures since the endpoint last did useful work (a claim answered, a batch
 	 * confirmed), which sets the reconnect backoff. Connecting alone does not end a streak:
 	 * a broker that blocks every new connection at its first publish, or a database whose
 	 * statements fail on every fresh connection, is retried less and less often. */
