@@ -444,11 +444,21 @@ int store_socket(const struct store *s)
 	return store_connected(s) ? PQsocket(s->conn) : -1;
 }
 
-static int prepare_one(struct store *s, const char *name, int nparams, const char *sql, int w)
-{
-	PGresult *res;
-	int rc = 0;
+/* Prepares statement name from fmt (the table or wake-up names filled in by the caller's
+ * arguments). */
+static int prepare_one(struct store *s, const char *name, int nparams, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
 
+static int prepare_one(struct store *s, const char *name, int nparams, const char *fmt, ...)
+{
+	char sql[SQL_MAX];
+	PGresult *res;
+	va_list ap;
+	int rc = 0, w;
+
+	va_start(ap, fmt);
+	w = vsnprintf(sql, sizeof(sql), fmt, ap);
+	va_end(ap);
 	if (w < 0 || w >= SQL_MAX) {
 		store_set_error(s, "statement %s too long", name);
 		return STORE_ERR_FATAL;
@@ -469,10 +479,9 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 /* Prepared once per connection: the claim and the marks run thousands of times a second. */
 static int prepare_statements(struct store *s)
 {
-	char sql[SQL_MAX];
 	char wake[STORE_NAME_MAX];
 	const char *t = s->table;
-	int w, rc;
+	int rc;
 
 	if (!store_wakeup_name(t, wake, sizeof(wake))) {
 		store_set_error(s, "table name '%s' too long", t);
@@ -487,8 +496,8 @@ static int prepare_statements(struct store *s)
 	 * seq that is known settled (see struct ordering_watermark in store_private.h). The
 	 * disarm CTE clears the wake-up flag in the same round trip. The order is the pending
 	 * index's, so the scan stops after about $3 rows. */
-	w = snprintf(
-	        sql, sizeof(sql),
+	rc = prepare_one(
+	        s, ST_CLAIM, 9,
 	        "WITH disarm AS (UPDATE %s SET armed_until = NULL"
 	        " WHERE $1::boolean AND armed_until IS NOT NULL),"
 	        " c AS (SELECT o.seq FROM %s o"
@@ -516,29 +525,31 @@ static int prepare_statements(struct store *s)
 	        /* Only the newest rows lie above the settled watermark, so this walks a few
 	              * entries of the pending index at most. */
 	        " EXISTS (SELECT 1 FROM %s k WHERE k.published_at IS NULL"
-	        " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL ORDER BY k.seq LIMIT 1)",
+	        " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL"
+	        " ORDER BY k.seq LIMIT 1)",
 	        wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t, t);
-	if ((rc = prepare_one(s, ST_CLAIM, 9, sql, w)) != 0)
+	if (rc != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = prepare_one(
+	             s, ST_MARK, 1,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
 	             " UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
 	             " FROM durable WHERE id = ANY($1::text[]) AND published_at IS NULL",
-	             t);
-	if ((rc = prepare_one(s, ST_MARK, 1, sql, w)) != 0)
+	             t)) != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = prepare_one(
+	             s, ST_DELETE, 1,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
 	             " DELETE FROM %s USING durable WHERE id = ANY($1::text[])",
-	             t);
-	if ((rc = prepare_one(s, ST_DELETE, 1, sql, w)) != 0)
+	             t)) != 0)
 		return rc;
 
 	/* Fenced by locked_by: a relay whose lease ran out must not charge an attempt to a row
 	 * another relay now holds. left() counts characters, as VARCHAR(1000) does. */
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = prepare_one(
+	             s, ST_FAIL, 6,
 	             "UPDATE %s o SET attempts = CASE WHEN u.dead THEN $5::int"
 	             " ELSE o.attempts + 1 END,"
 	             " last_error = left(u.err, 1000),"
@@ -547,29 +558,26 @@ static int prepare_statements(struct store *s)
 	             " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[])"
 	             " AS u(id, err, delay, dead)"
 	             " WHERE o.id = u.id AND o.locked_by = $6::text AND o.published_at IS NULL",
-	             t);
-	if ((rc = prepare_one(s, ST_FAIL, 6, sql, w)) != 0)
+	             t)) != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql),
-	             "UPDATE %s SET locked_by = NULL, locked_until = NULL"
-	             " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
-	             t);
-	if ((rc = prepare_one(s, ST_RELEASE, 2, sql, w)) != 0)
+	if ((rc = prepare_one(s, ST_RELEASE, 2,
+	                      "UPDATE %s SET locked_by = NULL, locked_until = NULL"
+	                      " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
+	                      t)) != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql),
-	             "UPDATE %s SET locked_by = NULL, locked_until = NULL"
-	             " WHERE locked_by = $1::text",
-	             t);
-	if ((rc = prepare_one(s, ST_RELEASE_ALL, 1, sql, w)) != 0)
+	if ((rc = prepare_one(s, ST_RELEASE_ALL, 1,
+	                      "UPDATE %s SET locked_by = NULL, locked_until = NULL"
+	                      " WHERE locked_by = $1::text",
+	                      t)) != 0)
 		return rc;
 
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = prepare_one(
+	             s, ST_ARM, 1,
 	             "UPDATE %s SET armed_until = now() + $1::bigint * interval '1 millisecond'"
 	             " WHERE id = 1",
-	             wake);
-	if ((rc = prepare_one(s, ST_ARM, 1, sql, w)) != 0)
+	             wake)) != 0)
 		return rc;
 
 	s->prepared = true;
