@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "config/config_keys.h"
+#include "store/identifier.h"
 
 #define ERRORS_MAX      200
 #define SECRET_FILE_MAX (64 * 1024)
@@ -68,36 +69,6 @@ void config_errors_clear(struct config_errors *errs)
 	errs->n = 0;
 }
 
-static bool ident_part_valid(const char *s, size_t len)
-{
-	if (len == 0 || len > 63)
-		return false;
-	if (!(s[0] == '_' || (s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z')))
-		return false;
-	for (size_t i = 1; i < len; i++) {
-		char ch = s[i];
-
-		if (!(ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
-		      (ch >= '0' && ch <= '9')))
-			return false;
-	}
-	return true;
-}
-
-bool config_identifier_valid(const char *s)
-{
-	const char *dot;
-
-	/* The table name is pasted into SQL text (identifiers cannot be bound as parameters),
-	 * so anything but this narrow shape is refused rather than quoted. */
-	if (!s)
-		return false;
-	dot = strchr(s, '.');
-	if (!dot)
-		return ident_part_valid(s, strlen(s));
-	return ident_part_valid(s, (size_t)(dot - s)) && ident_part_valid(dot + 1, strlen(dot + 1));
-}
-
 static bool port_valid(const char *p)
 {
 	int64_t port;
@@ -139,15 +110,10 @@ static bool check_string(const struct config_key *k, const char *v)
 {
 	switch (k->check) {
 	case CONFIG_CHECK_TABLE: {
-		/* The relay derives index, wake-up table and function names by appending up to 12
-		 * bytes ("_pending_idx") to the table's name, and PostgreSQL silently cuts names at
-		 * 63 bytes: a longer table name would make those collide. */
-		const char *base = strrchr(v, '.');
-
-		return config_identifier_valid(v) && strlen(base ? base + 1 : v) <= 51;
+		return store_table_name_valid(v);
 	}
 	case CONFIG_CHECK_CHANNEL:
-		return !strchr(v, '.') && config_identifier_valid(v);
+		return store_plain_identifier_valid(v);
 	case CONFIG_CHECK_AMQP_URL:
 		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
 	case CONFIG_CHECK_LISTEN:

@@ -97,10 +97,6 @@ int config_parse_duration(const char *s, int64_t *out_ms) __attribute__((warn_un
 /* Formats milliseconds back into the shortest exact unit ("1500ms", "30s", "5m", "0"). */
 void config_format_duration(int64_t ms, char *buf, size_t n);
 
-/* True when s is a plain SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, optionally one
- * schema-qualified "schema.table" with both parts of that form. */
-bool config_identifier_valid(const char *s);
-
 /* Copies a URL or libpq conninfo into out with any password replaced by "***":
  * "amqp://u:secret@h/" -> "amqp://u:***@h/", "host=x password=secret" -> "host=x password=***". */
 void config_redact(const char *url_or_conninfo, char *out, size_t n);

@@ -434,12 +434,29 @@ static int parse_limit(int argc, char **argv, size_t *limit)
 	return 0;
 }
 
+/* Opens an admin connection, lists up to limit rows with list and prints them (`dead` and
+ * `keys --blocked`); 0, or 1 with one line on stderr. */
+static int list_rows(const struct config *cfg,
+                     int (*list)(struct store *, size_t, struct store_list *), size_t limit,
+                     const char *doing, bool json, bool keys)
+{
+	struct store_options o;
+	struct store_list l = { 0 };
+	struct store *s = admin_open(cfg, &o);
+
+	if (!s)
+		return 1;
+	if (list(s, limit, &l) < 0)
+		return store_failed(s, doing);
+	print_list(&l, json, keys);
+	store_list_free(&l);
+	store_free(s);
+	return 0;
+}
+
 int command_dead(const struct config *cfg, int argc, char **argv)
 {
 	static const char *const known[] = { "--json", "--limit", NULL };
-	struct store_options o;
-	struct store_list l = { 0 };
-	struct store *s;
 	size_t limit = 1000;
 	int rc;
 
@@ -449,23 +466,13 @@ int command_dead(const struct config *cfg, int argc, char **argv)
 		fputs("outbox-relay: dead: --limit wants a whole number\n", stderr);
 		return 2;
 	}
-	s = admin_open(cfg, &o);
-	if (!s)
-		return 1;
-	if (store_dead(s, limit, &l) < 0)
-		return store_failed(s, "list dead rows");
-	print_list(&l, has_flag(argc, argv, "--json"), false);
-	store_list_free(&l);
-	store_free(s);
-	return 0;
+	return list_rows(cfg, store_dead, limit, "list dead rows", has_flag(argc, argv, "--json"),
+	                 false);
 }
 
 int command_keys(const struct config *cfg, int argc, char **argv)
 {
 	static const char *const known[] = { "--blocked", "--json", "--limit", NULL };
-	struct store_options o;
-	struct store_list l = { 0 };
-	struct store *s;
 	size_t limit = 1000;
 	int rc;
 
@@ -475,15 +482,8 @@ int command_keys(const struct config *cfg, int argc, char **argv)
 		fputs("outbox-relay: usage: keys --blocked [--json] [--limit N]\n", stderr);
 		return 2;
 	}
-	s = admin_open(cfg, &o);
-	if (!s)
-		return 1;
-	if (store_blocked_keys(s, limit, &l) < 0)
-		return store_failed(s, "list blocked keys");
-	print_list(&l, has_flag(argc, argv, "--json"), true);
-	store_list_free(&l);
-	store_free(s);
-	return 0;
+	return list_rows(cfg, store_blocked_keys, limit, "list blocked keys",
+	                 has_flag(argc, argv, "--json"), true);
 }
 
 static int ids_command(const struct config *cfg, int argc, char **argv, bool requeue)

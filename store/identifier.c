@@ -1,12 +1,10 @@
-/* The identifier checks that stand between configuration (or a library caller) and any SQL
- * we build: table and channel names are the only text ever put into a statement, so they are
- * held to the contract's plain ASCII identifiers. Part of the producer library, which checks
- * its table name with them too. */
+/* The identifier checks of identifier.h: table and channel names are the only text ever put
+ * into a statement, so they are held to the contract's plain ASCII identifiers. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
-#include "store/store_private.h"
+#include "store/identifier.h"
 
 #define IDENT_MAX 63
 
@@ -54,4 +52,10 @@ const char *store_identifier_base(const char *s)
 	const char *dot = strchr(s, '.');
 
 	return dot ? dot + 1 : s;
+}
+
+bool store_table_name_valid(const char *s)
+{
+	return store_identifier_valid(s) &&
+	       strlen(store_identifier_base(s)) <= STORE_TABLE_BASE_MAX;
 }

@@ -15,10 +15,6 @@
 #define DEFAULT_TABLE      "inbox"
 #define ID_MAX_CHARS       64  /* VARCHAR(64), like the outbox's id */
 #define CONSUMER_MAX_CHARS 255 /* VARCHAR(255) */
-#define IDENT_MAX          63  /* PostgreSQL cuts longer names */
-/* Derived index names append at most this many bytes ("_stale_idx"); PostgreSQL silently
- * cuts identifiers at 63 bytes, so base names leave room for it (as the outbox's do). */
-#define DERIVED_SUFFIX_MAX 12
 #define LEASE_MAX_MS       (7LL * 24 * 3600 * 1000)
 #define RETENTION_MAX_MS   (3650LL * 24 * 3600 * 1000)
 #define PURGE_LIMIT_MAX    10000
@@ -41,29 +37,17 @@ static bool text_ok(const char *s, long max_chars)
 	return n >= 1 && n <= max_chars;
 }
 
-/* A valid identifier (see store_identifier_valid); *base_len gets the length of the part
- * after any schema. */
-static bool table_ok(const char *t, size_t *base_len)
-{
-	if (!store_identifier_valid(t))
-		return false;
-	*base_len = strlen(store_identifier_base(t));
-	return true;
-}
-
 /* The checks every call shares; fills in the default table. */
 static int check_args(PGconn *conn, const char **table, const char *message_id,
                       const char *consumer, char *errbuf, size_t errlen)
 {
-	size_t base_len;
-
 	if (!*table)
 		*table = DEFAULT_TABLE;
 	if (!conn) {
 		set_err(errbuf, errlen, "no connection", NULL);
 		return INBOX_ERR_INVALID;
 	}
-	if (!table_ok(*table, &base_len)) {
+	if (!store_identifier_valid(*table)) {
 		set_err(errbuf, errlen, "invalid table name", *table);
 		return INBOX_ERR_INVALID;
 	}
@@ -161,10 +145,11 @@ char *inbox_schema_sql(const char *table)
 
 	if (!table)
 		table = DEFAULT_TABLE;
-	if (!table_ok(table, &base_len) || base_len > IDENT_MAX - DERIVED_SUFFIX_MAX)
+	if (!store_table_name_valid(table))
 		return NULL;
 	/* An index lives in its table's schema: name it by the base name alone. */
-	base = table + strlen(table) - base_len;
+	base = store_identifier_base(table);
+	base_len = strlen(base);
 	len = sizeof(fmt) + 6 * strlen(table);
 	out = malloc(len);
 	if (!out)
@@ -190,19 +175,14 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 	rc = check_args(conn, &table, NULL, NULL, errbuf, errlen);
 	if (rc != 0)
 		return rc;
+	if (!store_table_name_valid(table)) {
+		set_err(errbuf, errlen,
+		        "invalid table name (the name after any schema is at most 51 bytes)",
+		        table);
+		return INBOX_ERR_INVALID;
+	}
 	ddl = inbox_schema_sql(table);
 	if (!ddl) {
-		/* table_ok() passed, so either the name is too long or memory ran out. */
-		size_t base_len = 0;
-
-		(void)table_ok(table, &base_len);
-		if (base_len > IDENT_MAX - DERIVED_SUFFIX_MAX) {
-			set_err(errbuf, errlen,
-			        "invalid table name (the name after any schema is at most 51 "
-			        "bytes)",
-			        table);
-			return INBOX_ERR_INVALID;
-		}
 		set_err(errbuf, errlen, "out of memory", NULL);
 		return INBOX_ERR_NOMEM;
 	}

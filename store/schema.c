@@ -8,12 +8,6 @@
 #include "store/outbox_store.h"
 #include "store/store_private.h"
 
-/* Derived names append at most this many bytes ("_pending_idx"); PostgreSQL silently cuts
- * identifiers at 63 bytes, which could make an index collide with the table itself, so base
- * names are limited to leave room for the suffix. */
-#define DERIVED_SUFFIX_MAX 12
-#define IDENT_MAX          63
-
 void store_split_table(const char *table, char *schema, size_t schema_len, char *base,
                        size_t base_len)
 {
@@ -99,7 +93,7 @@ static bool names_make(struct names *nm, const char *table)
 	if (!store_identifier_valid(table))
 		return false;
 	store_split_table(table, schema, sizeof(schema), nm->base, sizeof(nm->base));
-	if (strlen(nm->base) > IDENT_MAX - DERIVED_SUFFIX_MAX)
+	if (strlen(nm->base) > STORE_TABLE_BASE_MAX)
 		return false;
 	if (snprintf(nm->t, sizeof(nm->t), "%s", table) >= (int)sizeof(nm->t) ||
 	    snprintf(nm->prefix, sizeof(nm->prefix), "%s%s", schema, schema[0] ? "." : "") >=

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <libpq-fe.h>
 
+#include "store/identifier.h"
 #include "store/outbox_store.h"
 
 /* Longest "schema.table" plus the longest suffix we derive ("_pending_idx") and a NUL. */
@@ -78,12 +79,6 @@ void store_split_table(const char *table, char *schema, size_t schema_len, char 
                        size_t base_len);
 /* "schema.base_wakeup" (or "base_wakeup") for a validated table; false when it does not fit. */
 bool store_wakeup_name(const char *table, char *out, size_t len);
-/* Validation of "name" or "schema.name" with each part [A-Za-z_][A-Za-z0-9_]{0,62}. */
-bool store_identifier_valid(const char *s);
-/* Same, without a schema part (channel names, derived object names). */
-bool store_plain_identifier_valid(const char *s);
-/* The part after the schema ("outbox" in "app.outbox") of a valid identifier. */
-const char *store_identifier_base(const char *s);
 /* strtoll with end-pointer and errno checks: 0, or -1 when v is not a whole int64. */
 int store_parse_int64(const char *v, int64_t *out);
 /* Length of the valid UTF-8 sequence (no NUL, no surrogates, no overlongs) starting at s, or
