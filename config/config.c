@@ -375,32 +375,17 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 /* Reads a Docker-style secret file. The contents never appear in an error. */
 static char *read_secret(const char *path, int *err)
 {
-	FILE *fp = fopen(path, "rb");
-	char *buf = NULL;
 	size_t len;
+	char *buf = config_read_file(path, SECRET_FILE_MAX, &len, err);
 
-	if (!fp) {
-		*err = errno;
+	if (buf && memchr(buf, '\0', len)) {
+		*err = EINVAL;
+		free(buf);
 		return NULL;
 	}
-	buf = malloc(SECRET_FILE_MAX + 1);
-	if (!buf) {
-		*err = ENOMEM;
-		goto out;
-	}
-	len = fread(buf, 1, SECRET_FILE_MAX + 1, fp);
-	if (ferror(fp) || len > SECRET_FILE_MAX || memchr(buf, '\0', len)) {
-		*err = ferror(fp) ? (errno ? errno : EIO) : EINVAL;
-		free(buf);
-		buf = NULL;
-		goto out;
-	}
 	/* Editors and `echo` end files with a newline that is not part of the password. */
-	while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-		len--;
-	buf[len] = '\0';
-out:
-	fclose(fp);
+	while (buf && len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+		buf[--len] = '\0';
 	return buf;
 }
 

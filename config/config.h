@@ -97,6 +97,11 @@ int config_parse_duration(const char *s, int64_t *out_ms) __attribute__((warn_un
 /* Formats milliseconds back into the shortest exact unit ("1500ms", "30s", "5m", "0"). */
 void config_format_duration(int64_t ms, char *buf, size_t n);
 
+/* Reads a whole file of at most max bytes into a new NUL-terminated buffer (caller frees)
+ * and sets *len; NULL with *err an errno value (EFBIG when it is longer than max). Used for
+ * the config file, `*_FILE` secrets and `enqueue --body-file`. */
+char *config_read_file(const char *path, size_t max, size_t *len, int *err);
+
 /* Copies a URL or libpq conninfo into out with any password replaced by "***":
  * "amqp://u:secret@h/" -> "amqp://u:***@h/", "host=x password=secret" -> "host=x password=***". */
 void config_redact(const char *url_or_conninfo, char *out, size_t n);

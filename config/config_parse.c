@@ -308,39 +308,59 @@ void config_file_clear(struct config_file *f)
 	f->n = 0;
 }
 
-static char *read_whole_file(const char *path, size_t *out_len, int *err)
+char *config_read_file(const char *path, size_t max, size_t *out_len, int *err)
 {
 	FILE *fp = fopen(path, "rb");
 	char *buf = NULL;
-	size_t len = 0;
+	size_t cap = 0, len = 0;
 
 	if (!fp) {
 		*err = errno;
 		return NULL;
 	}
-	buf = malloc(CONFIG_FILE_MAX + 1);
-	if (!buf) {
-		*err = ENOMEM;
-		goto out;
+	for (;;) {
+		size_t got;
+
+		if (len == cap) {
+			/* Room for max + 1 bytes, so that a longer file is noticed. */
+			size_t want = cap ? cap * 2 : 4096;
+			char *p;
+
+			if (cap > max) {
+				*err = EFBIG;
+				goto fail;
+			}
+			if (want > max + 1)
+				want = max + 1;
+			p = realloc(buf, want + 1);
+			if (!p) {
+				*err = ENOMEM;
+				goto fail;
+			}
+			buf = p;
+			cap = want;
+		}
+		got = fread(buf + len, 1, cap - len, fp);
+		len += got;
+		if (got == 0)
+			break;
 	}
-	len = fread(buf, 1, CONFIG_FILE_MAX + 1, fp);
 	if (ferror(fp)) {
 		*err = errno ? errno : EIO;
-		free(buf);
-		buf = NULL;
-		goto out;
+		goto fail;
 	}
-	if (len > CONFIG_FILE_MAX) {
+	if (len > max) {
 		*err = EFBIG;
-		free(buf);
-		buf = NULL;
-		goto out;
+		goto fail;
 	}
+	fclose(fp);
 	buf[len] = '\0';
 	*out_len = len;
-out:
-	fclose(fp);
 	return buf;
+fail:
+	fclose(fp);
+	free(buf);
+	return NULL;
 }
 
 int config_file_read(const char *path, struct config_file *out, struct config_errors *errs)
@@ -355,7 +375,7 @@ int config_file_read(const char *path, struct config_file *out, struct config_er
 	int err = 0;
 	int rc = -1;
 
-	text = read_whole_file(path, &len, &err);
+	text = config_read_file(path, CONFIG_FILE_MAX, &len, &err);
 	if (!text) {
 		config_errors_add(errs, "%s: could not read config file: %s", path, strerror(err));
 		return -1;

@@ -140,32 +140,6 @@ int command_migrate(const struct config *cfg, int argc, char **argv)
 	return 0;
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long size;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || size > MAX_BODY_FILE ||
-	    fseek(f, 0, SEEK_SET) != 0)
-		goto out;
-	buf = malloc((size_t)size + 1);
-	if (!buf)
-		goto out;
-	if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-		free(buf);
-		buf = NULL;
-		goto out;
-	}
-	buf[size] = '\0';
-	*len = (size_t)size;
-out:
-	fclose(f);
-	return buf;
-}
-
 /* "k=v" into obj; returns -1 when there is no '='. */
 static int add_pair(json_t *obj, const char *kv)
 {
@@ -252,11 +226,13 @@ int command_enqueue(const struct config *cfg, int argc, char **argv)
 		goto out;
 	}
 	if (body_file) {
-		file_body = read_file(body_file, &m.body_len);
+		int read_err = 0;
+
+		file_body = config_read_file(body_file, MAX_BODY_FILE, &m.body_len, &read_err);
 		if (!file_body) {
 			fprintf(stderr,
 			        "outbox-relay: enqueue: could not read --body-file '%s': %s\n",
-			        body_file, errno ? strerror(errno) : "too large");
+			        body_file, strerror(read_err));
 			rc = 1;
 			goto out;
 		}
