@@ -2,6 +2,7 @@
  * discard and the retention purge. Run from the CLI or the maintenance thread, never on the
  * claim path, so they use unnamed statements (nothing to prepare before `migrate`). */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,18 @@ static int parse_double(const char *v, double *out)
 	return 0;
 }
 
-static int sql_fits(struct store *s, int w, size_t cap)
+/* Formats a statement into sql[cap]; 0, or STORE_ERR_FATAL when it does not fit. */
+static int build_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static int build_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
 {
+	va_list ap;
+	int w;
+
+	va_start(ap, fmt);
+	w = vsnprintf(sql, cap, fmt, ap);
+	va_end(ap);
 	if (w < 0 || (size_t)w >= cap) {
 		store_set_error(s, "statement text too long");
 		return STORE_ERR_FATAL;
@@ -41,7 +52,7 @@ static int sql_fits(struct store *s, int w, size_t cap)
  * the head is the oldest row that is not dead. $1 = max_attempts. */
 static int blocked_cte(struct store *s, char *out, size_t cap)
 {
-	int w = snprintf(out, cap,
+	return build_sql(s, out, cap,
 	                 "heads AS (SELECT DISTINCT ON (ordering_key) id, exchange_name,"
 	                 " routing_key, ordering_key, last_error, attempts, created_at,"
 	                 " available_at, seq FROM %s WHERE published_at IS NULL"
@@ -49,7 +60,6 @@ static int blocked_cte(struct store *s, char *out, size_t cap)
 	                 " blocked AS (SELECT * FROM heads WHERE attempts >= $1::int"
 	                 " OR (attempts > 0 AND available_at > now()))",
 	                 s->table, s->opts.skip_dead ? " AND attempts < $1::int" : "");
-	return sql_fits(s, w, cap);
 }
 
 int store_status(struct store *s, struct store_status *st)
@@ -58,14 +68,15 @@ int store_status(struct store *s, struct store_status *st)
 	const char *params[1] = { max };
 	struct store_status r;
 	PGresult *res = NULL;
-	int rc, w;
+	int rc;
 
 	memset(&r, 0, sizeof(r));
 	rc = blocked_cte(s, cte, sizeof(cte));
 	if (rc != 0)
 		goto out;
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = build_sql(
+	             s, sql, sizeof(sql),
 	             "WITH u AS (SELECT attempts, locked_until, created_at FROM %s"
 	             " WHERE published_at IS NULL), %s"
 	             " SELECT (SELECT count(*) FROM u WHERE attempts < $1::int),"
@@ -78,8 +89,7 @@ int store_status(struct store *s, struct store_status *st)
 	             " (SELECT ordering_key FROM blocked ORDER BY seq LIMIT 1),"
 	             " (SELECT extract(epoch FROM now() - created_at)::float8 FROM blocked"
 	             "  ORDER BY seq LIMIT 1)",
-	             s->table, cte, s->table);
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	             s->table, cte, s->table)) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the status");
 	if (rc != 0)
@@ -200,13 +210,12 @@ out:
 int store_dead(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX];
-	int w, rc;
+	int rc;
 
-	w = snprintf(sql, sizeof(sql),
-	             "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
-	             " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
-	             s->table);
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	if ((rc = build_sql(s, sql, sizeof(sql),
+	                    "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
+	                    " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
+	                    s->table)) != 0)
 		return rc;
 	return run_list(s, sql, limit, out, "could not list dead rows");
 }
@@ -215,14 +224,14 @@ int store_dead(struct store *s, size_t limit, struct store_list *out)
 int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
 {
 	char cte[ADMIN_SQL_MAX], sql[ADMIN_SQL_MAX * 2];
-	int w, rc;
+	int rc;
 
 	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
 		return rc;
-	w = snprintf(sql, sizeof(sql),
-	             "WITH %s SELECT " LIST_COLUMNS " FROM blocked ORDER BY seq LIMIT $2::bigint",
-	             cte);
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	if ((rc = build_sql(s, sql, sizeof(sql),
+	                    "WITH %s SELECT " LIST_COLUMNS
+	                    " FROM blocked ORDER BY seq LIMIT $2::bigint",
+	                    cte)) != 0)
 		return rc;
 	return run_list(s, sql, limit, out, "could not list blocked keys");
 }
@@ -245,7 +254,7 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 	const char *params[1];
 	PGresult *res = NULL;
 	int64_t changed = 0;
-	int w, rc;
+	int rc;
 
 	if (!all_dead && n == 0) {
 		*n_changed = 0;
@@ -259,11 +268,11 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 		if (rc != 0)
 			goto out;
 	}
-	w = snprintf(sql, sizeof(sql),
+	if ((rc = build_sql(
+	             s, sql, sizeof(sql),
 	             "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
 	             " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
-	             s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])");
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	             s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])")) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not requeue");
 	if (rc != 0)
@@ -292,7 +301,7 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 	const char *params[1];
 	PGresult *res = NULL;
 	int64_t changed = 0;
-	int w, rc;
+	int rc;
 
 	if (n == 0) {
 		*n_changed = 0;
@@ -301,10 +310,9 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, &params[0]);
 	if (rc != 0)
 		goto out;
-	w = snprintf(sql, sizeof(sql),
-	             "DELETE FROM %s WHERE published_at IS NULL AND id = ANY($1::text[])",
-	             s->table);
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	if ((rc = build_sql(s, sql, sizeof(sql),
+	                    "DELETE FROM %s WHERE published_at IS NULL AND id = ANY($1::text[])",
+	                    s->table)) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not discard");
 	if (rc != 0)
@@ -326,17 +334,16 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
 	char sql[ADMIN_SQL_MAX], age[24], lim[16];
 	const char *params[2] = { age, lim };
 	int64_t total = 0;
-	int w, rc;
+	int rc;
 
 	snprintf(age, sizeof(age), "%lld", (long long)(older_than_ms > 0 ? older_than_ms : 0));
 	snprintf(lim, sizeof(lim), "%d", batch > 0 ? batch : 1000);
-	w = snprintf(sql, sizeof(sql),
-	             "DELETE FROM %s WHERE seq IN (SELECT seq FROM %s"
-	             " WHERE published_at IS NOT NULL"
-	             " AND published_at < now() - $1::bigint * interval '1 millisecond'"
-	             " ORDER BY seq LIMIT $2::int)",
-	             s->table, s->table);
-	if ((rc = sql_fits(s, w, sizeof(sql))) != 0)
+	if ((rc = build_sql(s, sql, sizeof(sql),
+	                    "DELETE FROM %s WHERE seq IN (SELECT seq FROM %s"
+	                    " WHERE published_at IS NOT NULL"
+	                    " AND published_at < now() - $1::bigint * interval '1 millisecond'"
+	                    " ORDER BY seq LIMIT $2::int)",
+	                    s->table, s->table)) != 0)
 		return rc;
 	for (;;) {
 		PGresult *res = NULL;
