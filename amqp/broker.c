@@ -24,7 +24,7 @@
 
 #include "amqp/confirm_tracker.h"
 #include "amqp/message_map.h"
-#include "relay/clock.h"
+#include "base/clock.h"
 
 #define PUBLISH_CHANNEL     1
 #define CHECK_CHANNEL       2 /* passive declares: a 404 there must not close the publish channel */

@@ -11,7 +11,8 @@
 
 #include "config/config.h"
 #include "config/config_keys.h"
-#include "store/identifier.h"
+#include "base/hostport.h"
+#include "base/identifier.h"
 
 #define ERRORS_MAX      200
 #define SECRET_FILE_MAX (64 * 1024)
@@ -69,51 +70,21 @@ void config_errors_clear(struct config_errors *errs)
 	errs->n = 0;
 }
 
-static bool port_valid(const char *p)
-{
-	int64_t port;
-
-	if (*p == '\0' || strlen(p) > 5 || strspn(p, "0123456789") != strlen(p))
-		return false;
-	if (config_parse_int(p, &port) < 0)
-		return false;
-	return port >= 1 && port <= 65535;
-}
-
 static bool listen_valid(const char *s)
 {
-	const char *colon;
+	struct hostport hp;
 
-	if (*s == '\0')
-		return true;
-	if (*s == '[') {
-		const char *close = strchr(s, ']');
-		size_t len;
-
-		if (!close)
-			return false;
-		len = (size_t)(close - s - 1);
-		if (len == 0 || strspn(s + 1, "0123456789abcdefABCDEF:.") != len)
-			return false;
-		return close[1] == ':' && port_valid(close + 2);
-	}
-	colon = strchr(s, ':');
-	if (!colon || strchr(colon + 1, ':'))
-		return false; /* a bare IPv6 address needs brackets to find its port */
-	if (strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") !=
-	    (size_t)(colon - s))
-		return false;
-	return port_valid(colon + 1);
+	return *s == '\0' || hostport_parse(s, &hp, NULL, 0) == 0;
 }
 
 static bool check_string(const struct config_key *k, const char *v)
 {
 	switch (k->check) {
 	case CONFIG_CHECK_TABLE: {
-		return store_table_name_valid(v);
+		return identifier_table_name_valid(v);
 	}
 	case CONFIG_CHECK_CHANNEL:
-		return store_plain_identifier_valid(v);
+		return identifier_plain_valid(v);
 	case CONFIG_CHECK_AMQP_URL:
 		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
 	case CONFIG_CHECK_LISTEN:

@@ -17,7 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "relay/clock.h"
+#include "base/clock.h"
+#include "base/hostport.h"
 #include "relay/metrics.h"
 
 /* Scrapers and probes are few; the limits keep a flood of idle connections from pinning
@@ -32,63 +33,6 @@ struct http_server {
 	int64_t stale_after_ms;
 	char version[128];
 };
-
-/* A parsed "host:port": host is "" for ":port" (all addresses), brackets removed for IPv6. */
-struct endpoint {
-	char host[256];
-	char port[8];
-};
-
-static int parse_listen(const char *listen, struct endpoint *ep, char *err, size_t errlen)
-{
-	const char *host, *colon, *port;
-	size_t hostlen;
-	char *end;
-	long num;
-
-	if (listen == NULL || *listen == '\0') {
-		snprintf(err, errlen, "empty listen address");
-		return -1;
-	}
-	if (listen[0] == '[') {
-		const char *close = strchr(listen, ']');
-		if (close == NULL || close[1] != ':') {
-			snprintf(err, errlen, "bad listen address '%s': expected [ipv6]:port",
-			         listen);
-			return -1;
-		}
-		host = listen + 1;
-		hostlen = (size_t)(close - host);
-		port = close + 2;
-	} else {
-		colon = strrchr(listen, ':');
-		if (colon == NULL || strchr(listen, ':') != colon) {
-			/* Several colons without brackets is an IPv6 address we cannot split. */
-			snprintf(err, errlen,
-			         "bad listen address '%s': expected host:port, "
-			         "[ipv6]:port or :port",
-			         listen);
-			return -1;
-		}
-		host = listen;
-		hostlen = (size_t)(colon - listen);
-		port = colon + 1;
-	}
-	errno = 0;
-	num = strtol(port, &end, 10);
-	if (*port < '0' || *port > '9' || *end != '\0' || errno != 0 || num < 1 || num > 65535) {
-		snprintf(err, errlen, "bad port in listen address '%s': allowed 1..65535", listen);
-		return -1;
-	}
-	if (hostlen >= sizeof(ep->host)) {
-		snprintf(err, errlen, "host name too long in listen address");
-		return -1;
-	}
-	memcpy(ep->host, host, hostlen);
-	ep->host[hostlen] = '\0';
-	snprintf(ep->port, sizeof(ep->port), "%ld", num);
-	return 0;
-}
 
 /* Binds and listens on one address; -1 with errno set on failure. */
 static int listen_on(const struct sockaddr *sa, socklen_t salen, bool dual_stack)
@@ -113,15 +57,16 @@ static int listen_on(const struct sockaddr *sa, socklen_t salen, bool dual_stack
 
 /* We open the socket ourselves instead of letting libmicrohttpd do it, so that a failure is
  * reported with its errno ("address already in use") and ":port" can mean both families. */
-static int open_listener(const struct endpoint *ep, const char *listen, char *err, size_t errlen)
+static int open_listener(const struct hostport *ep, const char *listen, char *err, size_t errlen)
 {
 	struct addrinfo hints, *res = NULL, *ai;
+	char port_text[8];
 	int fd = -1, rc, saved = 0;
 
 	if (ep->host[0] == '\0') {
 		struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT };
 		struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_addr.s_addr = INADDR_ANY };
-		uint16_t port = (uint16_t)strtol(ep->port, NULL, 10);
+		uint16_t port = (uint16_t)ep->port;
 
 		a6.sin6_port = htons(port);
 		a4.sin_port = htons(port);
@@ -139,7 +84,8 @@ static int open_listener(const struct endpoint *ep, const char *listen, char *er
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-	rc = getaddrinfo(ep->host, ep->port, &hints, &res);
+	snprintf(port_text, sizeof(port_text), "%d", ep->port);
+	rc = getaddrinfo(ep->host, port_text, &hints, &res);
 	if (rc != 0) {
 		snprintf(err, errlen, "could not resolve '%s': %s", ep->host, gai_strerror(rc));
 		return -1;
@@ -276,11 +222,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 struct http_server *http_start(const char *listen, int64_t stale_after_ms, const char *version,
                                char *err, size_t errlen)
 {
-	struct endpoint ep;
+	struct hostport ep;
 	struct http_server *h = NULL, *result = NULL;
 	int fd = -1;
 
-	if (parse_listen(listen, &ep, err, errlen) < 0)
+	if (hostport_parse(listen, &ep, err, errlen) < 0)
 		goto out;
 	h = calloc(1, sizeof(*h));
 	if (h == NULL) {
@@ -410,9 +356,9 @@ static ssize_t exchange(int fd, const char *req, size_t reqlen, char *resp, size
 
 int http_get_status(const char *listen, const char *path, int timeout_ms, char *err, size_t errlen)
 {
-	struct endpoint ep;
+	struct hostport ep;
 	struct addrinfo hints, *res = NULL, *ai;
-	char req[512], resp[512];
+	char req[512], resp[512], port_text[8];
 	const char *host;
 	ssize_t got;
 	int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
@@ -420,7 +366,7 @@ int http_get_status(const char *listen, const char *path, int timeout_ms, char *
 	char *end;
 	long code;
 
-	if (parse_listen(listen, &ep, err, errlen) < 0)
+	if (hostport_parse(listen, &ep, err, errlen) < 0)
 		goto out;
 	/* A server listening on every address is reached through loopback. */
 	host = ep.host;
@@ -433,7 +379,8 @@ int http_get_status(const char *listen, const char *path, int timeout_ms, char *
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_NUMERICSERV;
-	rc = getaddrinfo(host, ep.port, &hints, &res);
+	snprintf(port_text, sizeof(port_text), "%d", ep.port);
+	rc = getaddrinfo(host, port_text, &hints, &res);
 	if (rc != 0) {
 		snprintf(err, errlen, "could not resolve '%s': %s", host, gai_strerror(rc));
 		goto out;
@@ -450,7 +397,7 @@ int http_get_status(const char *listen, const char *path, int timeout_ms, char *
 	}
 
 	n = snprintf(req, sizeof(req),
-	             "GET %s HTTP/1.0\r\nHost: %s%s%s:%s\r\n"
+	             "GET %s HTTP/1.0\r\nHost: %s%s%s:%d\r\n"
 	             "User-Agent: outbox-relay-healthcheck\r\nConnection: close\r\n\r\n",
 	             path, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
 	             ep.port);

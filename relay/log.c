@@ -3,6 +3,8 @@
  * and no lock is needed. */
 #include "relay/log.h"
 
+#include "base/utf8.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -89,40 +91,6 @@ static void put_tail(struct line *l, const char *s)
 	}
 }
 
-/* Length of the valid UTF-8 sequence at s (at most avail bytes), or 0 when the bytes are not
- * valid UTF-8 (overlong forms, surrogates and code points above U+10FFFF included). */
-static size_t utf8_len(const unsigned char *s, size_t avail)
-{
-	size_t n;
-	uint32_t cp;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf) {
-		n = 2;
-		cp = s[0] & 0x1f;
-	} else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-		n = 3;
-		cp = s[0] & 0x0f;
-	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-		n = 4;
-		cp = s[0] & 0x07;
-	} else {
-		return 0;
-	}
-	if (n > avail)
-		return 0;
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3f);
-	}
-	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-	    (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return n;
-}
-
 /* Text values need quotes when a logfmt parser would otherwise split or misread them. */
 static bool text_needs_quotes(const char *v)
 {
@@ -168,7 +136,7 @@ static void put_escaped(struct line *l, const char *v, bool json)
 		} else if (c < 0x80) {
 			out = (const char *)p;
 			outlen = 1;
-		} else if ((n = utf8_len(p, left)) > 0) {
+		} else if ((n = utf8_seq_len(p, left)) > 0) {
 			out = (const char *)p;
 			outlen = n;
 		} else {

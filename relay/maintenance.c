@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "relay/backoff.h"
-#include "relay/clock.h"
+#include "base/clock.h"
 #include "relay/log.h"
 #include "relay/metrics.h"
 #include "relay/relay.h"

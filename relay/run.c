@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "relay/clock.h"
+#include "base/clock.h"
 #include "relay/http.h"
 #include "relay/log.h"
 #include "relay/metrics.h"

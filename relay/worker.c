@@ -12,7 +12,7 @@
 
 #include "amqp/broker.h"
 #include "relay/backoff.h"
-#include "relay/clock.h"
+#include "base/clock.h"
 #include "relay/log.h"
 #include "relay/metrics.h"
 #include "relay/relay.h"

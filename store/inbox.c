@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "store/inbox.h"
 #include "store/store_private.h"
 
@@ -33,7 +34,7 @@ static bool text_ok(const char *s, long max_chars)
 
 	if (!s)
 		return false;
-	n = outbox_utf8_chars(s, strlen(s));
+	n = utf8_chars(s, strlen(s));
 	return n >= 1 && n <= max_chars;
 }
 
@@ -47,7 +48,7 @@ static int check_args(PGconn *conn, const char **table, const char *message_id,
 		set_err(errbuf, errlen, "no connection", NULL);
 		return INBOX_ERR_INVALID;
 	}
-	if (!store_identifier_valid(*table)) {
+	if (!identifier_valid(*table)) {
 		set_err(errbuf, errlen, "invalid table name", *table);
 		return INBOX_ERR_INVALID;
 	}
@@ -145,10 +146,10 @@ char *inbox_schema_sql(const char *table)
 
 	if (!table)
 		table = DEFAULT_TABLE;
-	if (!store_table_name_valid(table))
+	if (!identifier_table_name_valid(table))
 		return NULL;
 	/* An index lives in its table's schema: name it by the base name alone. */
-	base = store_identifier_base(table);
+	base = identifier_base(table);
 	base_len = strlen(base);
 	len = sizeof(fmt) + 6 * strlen(table);
 	out = malloc(len);
@@ -175,7 +176,7 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 	rc = check_args(conn, &table, NULL, NULL, errbuf, errlen);
 	if (rc != 0)
 		return rc;
-	if (!store_table_name_valid(table)) {
+	if (!identifier_table_name_valid(table)) {
 		set_err(errbuf, errlen,
 		        "invalid table name (the name after any schema is at most 51 bytes)",
 		        table);

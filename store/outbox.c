@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "store/outbox.h"
 #include "store/store_private.h"
 
@@ -20,57 +21,9 @@ static void set_err(char *errbuf, size_t errlen, const char *msg, const char *de
 		snprintf(errbuf, errlen, "%s%s%s", msg, detail ? ": " : "", detail ? detail : "");
 }
 
-/* Length of the valid UTF-8 sequence at s, 0 when invalid or NUL. Overlong forms,
- * surrogates and code points above U+10FFFF are invalid, as PostgreSQL rejects them. */
-size_t outbox_utf8_seq_len(const unsigned char *s, size_t avail)
-{
-	unsigned c = s[0], cp;
-	size_t n;
-
-	if (c == 0)
-		return 0;
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xC2 && c <= 0xDF)
-		n = 2, cp = c & 0x1F;
-	else if (c >= 0xE0 && c <= 0xEF)
-		n = 3, cp = c & 0x0F;
-	else if (c >= 0xF0 && c <= 0xF4)
-		n = 4, cp = c & 0x07;
-	else
-		return 0;
-	if (avail < n)
-		return 0;
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xC0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3F);
-	}
-	if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-	    (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-		return 0;
-	return n;
-}
-
-long outbox_utf8_chars(const void *p, size_t len)
-{
-	const unsigned char *s = p;
-	size_t i = 0, k;
-	long chars = 0;
-
-	while (i < len) {
-		k = outbox_utf8_seq_len(s + i, len - i);
-		if (k == 0)
-			return -1;
-		i += k;
-		chars++;
-	}
-	return chars;
-}
-
 static bool text_ok(const char *s, long max_chars)
 {
-	long n = outbox_utf8_chars(s, strlen(s));
+	long n = utf8_chars(s, strlen(s));
 	return n >= 0 && (max_chars < 0 || n <= max_chars);
 }
 
@@ -85,7 +38,7 @@ static bool json_object_ok(const char *s)
 	while (n > 0 &&
 	       (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
 		n--;
-	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && outbox_utf8_chars(s, n) >= 0;
+	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && utf8_chars(s, n) >= 0;
 }
 
 static bool base64_ok(const char *s, size_t len)
@@ -159,7 +112,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		set_err(errbuf, errlen, "no connection or no message", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
-	if (!store_identifier_valid(table)) {
+	if (!identifier_valid(table)) {
 		set_err(errbuf, errlen, "invalid table name", table);
 		return OUTBOX_ERR_INVALID;
 	}
@@ -202,7 +155,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->body_encoding) {
-		if (outbox_utf8_chars(values[3], m->body_len) >= 0) {
+		if (utf8_chars(values[3], m->body_len) >= 0) {
 			encoding = "utf-8";
 		} else {
 			encoding = "base64";
@@ -216,7 +169,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		}
 	} else if (strcmp(m->body_encoding, "utf-8") == 0) {
 		encoding = "utf-8";
-		if (outbox_utf8_chars(values[3], m->body_len) < 0) {
+		if (utf8_chars(values[3], m->body_len) < 0) {
 			set_err(errbuf, errlen, "body is not valid UTF-8 (or holds NUL bytes)",
 			        NULL);
 			return OUTBOX_ERR_INVALID;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/utf8.h"
 #include "store/outbox_store.h"
 #include "store/store_private.h"
 
@@ -249,15 +250,6 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 
 /* ---- UTF-8 and array literals ---- */
 
-size_t store_utf8_valid_prefix(const char *s, size_t len)
-{
-	size_t i = 0, n;
-
-	while (i < len && (n = outbox_utf8_seq_len((const unsigned char *)s + i, len - i)) > 0)
-		i += n;
-	return i;
-}
-
 const char *store_string_at(const void *items, size_t i)
 {
 	return ((const char *const *)items)[i];
@@ -322,7 +314,7 @@ int store_text_array(struct store *s, enum store_slot slot, const void *items, s
 		vlen = strlen(v);
 		p[len++] = '"';
 		while (j < vlen && chars < ELEM_CHARS_MAX) {
-			size_t k = outbox_utf8_seq_len((const unsigned char *)v + j, vlen - j);
+			size_t k = utf8_seq_len((const unsigned char *)v + j, vlen - j);
 			if (k == 0) {
 				p[len++] = '?';
 				j++;
@@ -403,7 +395,7 @@ struct store *store_new(const struct store_options *opts)
 		return NULL;
 	s->opts = *opts;
 	/* An unusable name is remembered as "" and refused at connect with a message. */
-	if (opts->table && store_identifier_valid(opts->table))
+	if (opts->table && identifier_valid(opts->table))
 		snprintf(s->table, sizeof(s->table), "%s", opts->table);
 	return s;
 }
@@ -744,7 +736,7 @@ int store_connect(struct store *s)
 	if (rc != 0)
 		goto out;
 	if (s->opts.channel && s->opts.channel[0]) {
-		if (!store_plain_identifier_valid(s->opts.channel)) {
+		if (!identifier_plain_valid(s->opts.channel)) {
 			store_set_error(s, "channel '%s' is not a valid identifier",
 			                s->opts.channel);
 			rc = STORE_ERR_FATAL;

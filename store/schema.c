@@ -90,10 +90,10 @@ static bool names_make(struct names *nm, const char *table)
 {
 	char schema[STORE_NAME_MAX];
 
-	if (!store_identifier_valid(table))
+	if (!identifier_valid(table))
 		return false;
 	store_split_table(table, schema, sizeof(schema), nm->base, sizeof(nm->base));
-	if (strlen(nm->base) > STORE_TABLE_BASE_MAX)
+	if (strlen(nm->base) > IDENTIFIER_TABLE_BASE_MAX)
 		return false;
 	if (snprintf(nm->t, sizeof(nm->t), "%s", table) >= (int)sizeof(nm->t) ||
 	    snprintf(nm->prefix, sizeof(nm->prefix), "%s%s", schema, schema[0] ? "." : "") >=
@@ -112,7 +112,7 @@ char *store_schema_sql(const char *table, const char *channel)
 	const char *t, *p, *n;
 
 	if (!names_make(&nm, table) || !channel ||
-	    (channel[0] && !store_plain_identifier_valid(channel)))
+	    (channel[0] && !identifier_plain_valid(channel)))
 		return NULL;
 	t = nm.t;
 	p = nm.prefix;

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <libpq-fe.h>
 
-#include "store/identifier.h"
+#include "base/identifier.h"
 #include "store/outbox_store.h"
 
 /* Longest "schema.table" plus the longest suffix we derive ("_pending_idx") and a NUL. */
@@ -81,15 +81,6 @@ void store_split_table(const char *table, char *schema, size_t schema_len, char 
 bool store_wakeup_name(const char *table, char *out, size_t len);
 /* strtoll with end-pointer and errno checks: 0, or -1 when v is not a whole int64. */
 int store_parse_int64(const char *v, int64_t *out);
-/* Length of the valid UTF-8 sequence (no NUL, no surrogates, no overlongs) starting at s, or
- * 0 when there is none. Defined in outbox.c, the producer library, which validates bodies
- * with it too. */
-size_t outbox_utf8_seq_len(const unsigned char *s, size_t avail);
-/* Number of characters when s[0..len) is valid UTF-8 without NUL, else -1 (outbox.c). */
-long outbox_utf8_chars(const void *s, size_t len);
-/* Length of the longest prefix of s (at most len bytes) that is valid UTF-8 without NUL. */
-size_t store_utf8_valid_prefix(const char *s, size_t len);
-
 /* Formats the handle's error text (one line). */
 void store_set_error(struct store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Classifies a failed result (res may be NULL), copies its message to the handle prefixed by

@@ -8,7 +8,7 @@
 #include <criterion/criterion.h>
 
 #include "config/config.h"
-#include "store/identifier.h"
+#include "base/identifier.h"
 
 static struct config_errors errs;
 static struct config *cfg;
@@ -507,20 +507,20 @@ Test(config, identifiers)
 	long63[63] = '\0';
 	memset(long64, 'a', 64);
 	long64[64] = '\0';
-	cr_assert(store_identifier_valid("outbox"));
-	cr_assert(store_identifier_valid("_Outbox_2"));
-	cr_assert(store_identifier_valid("app.outbox"));
-	cr_assert(store_identifier_valid(long63));
-	cr_assert_not(store_identifier_valid(long64));
-	cr_assert_not(store_identifier_valid(""));
-	cr_assert_not(store_identifier_valid("2outbox"));
-	cr_assert_not(store_identifier_valid("out-box"));
-	cr_assert_not(store_identifier_valid("outbox;drop table x"));
-	cr_assert_not(store_identifier_valid("\"outbox\""));
-	cr_assert_not(store_identifier_valid("a.b.c"));
-	cr_assert_not(store_identifier_valid("app."));
-	cr_assert_not(store_identifier_valid(".outbox"));
-	cr_assert_not(store_identifier_valid(NULL));
+	cr_assert(identifier_valid("outbox"));
+	cr_assert(identifier_valid("_Outbox_2"));
+	cr_assert(identifier_valid("app.outbox"));
+	cr_assert(identifier_valid(long63));
+	cr_assert_not(identifier_valid(long64));
+	cr_assert_not(identifier_valid(""));
+	cr_assert_not(identifier_valid("2outbox"));
+	cr_assert_not(identifier_valid("out-box"));
+	cr_assert_not(identifier_valid("outbox;drop table x"));
+	cr_assert_not(identifier_valid("\"outbox\""));
+	cr_assert_not(identifier_valid("a.b.c"));
+	cr_assert_not(identifier_valid("app."));
+	cr_assert_not(identifier_valid(".outbox"));
+	cr_assert_not(identifier_valid(NULL));
 }
 
 static const char *redact(const char *in)

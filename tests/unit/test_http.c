@@ -10,7 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "relay/clock.h"
+#include "base/clock.h"
 #include "relay/http.h"
 #include "relay/metrics.h"
 

@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "store/identifier.h"
+#include "base/identifier.h"
 
 #define IDENT_MAX 63
 
@@ -21,7 +21,7 @@ static size_t ident_part_len(const char *s)
 	return i <= IDENT_MAX ? i : 0;
 }
 
-bool store_plain_identifier_valid(const char *s)
+bool identifier_plain_valid(const char *s)
 {
 	size_t n;
 
@@ -31,7 +31,7 @@ bool store_plain_identifier_valid(const char *s)
 	return n > 0 && s[n] == '\0';
 }
 
-bool store_identifier_valid(const char *s)
+bool identifier_valid(const char *s)
 {
 	size_t n;
 
@@ -44,18 +44,17 @@ bool store_identifier_valid(const char *s)
 		return true;
 	if (s[n] != '.')
 		return false;
-	return store_plain_identifier_valid(s + n + 1);
+	return identifier_plain_valid(s + n + 1);
 }
 
-const char *store_identifier_base(const char *s)
+const char *identifier_base(const char *s)
 {
 	const char *dot = strchr(s, '.');
 
 	return dot ? dot + 1 : s;
 }
 
-bool store_table_name_valid(const char *s)
+bool identifier_table_name_valid(const char *s)
 {
-	return store_identifier_valid(s) &&
-	       strlen(store_identifier_base(s)) <= STORE_TABLE_BASE_MAX;
+	return identifier_valid(s) && strlen(identifier_base(s)) <= IDENTIFIER_TABLE_BASE_MAX;
 }
