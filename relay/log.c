@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -263,47 +262,85 @@ static void line_end(struct line *l, bool json)
 	write_all(l->buf, l->len);
 }
 
-/* Formats and writes one line; the pairs come either from ap (NULL-terminated) or from kv. */
-static void emit(enum log_level level, const char *component, const char *msg, va_list *ap,
-                 const char *const *kv, size_t npairs)
+/* Formats a duration for people: "250ms", "1.5s", "90s", or whole minutes, hours and days
+ * when it is exactly that ("5m", "2h", "7d"). */
+static void format_ms(int64_t ms, char *buf, size_t n)
 {
-	struct line l;
-	bool json = line_begin(&l, level, component, msg);
+	const int64_t min = 60000, hour = 60 * min, day = 24 * hour;
 
-	if (ap != NULL) {
-		for (;;) {
-			const char *k = va_arg(*ap, const char *);
-			const char *v;
-
-			if (k == NULL)
-				break;
-			v = va_arg(*ap, const char *);
-			put_pair(&l, k, v, json, false);
-		}
-	}
-	for (size_t i = 0; kv != NULL && i < npairs; i++) {
-		if (kv[2 * i] != NULL)
-			put_pair(&l, kv[2 * i], kv[2 * i + 1], json, false);
-	}
-
-	line_end(&l, json);
+	if (ms < 0)
+		ms = 0;
+	if (ms < 1000)
+		snprintf(buf, n, "%lldms", (long long)ms);
+	else if (ms >= day && ms % day == 0)
+		snprintf(buf, n, "%lldd", (long long)(ms / day));
+	else if (ms >= hour && ms % hour == 0)
+		snprintf(buf, n, "%lldh", (long long)(ms / hour));
+	else if (ms >= min && ms % min == 0)
+		snprintf(buf, n, "%lldm", (long long)(ms / min));
+	else if (ms < 100000)
+		snprintf(buf, n, "%.1fs", (double)ms / 1000.0);
+	else
+		snprintf(buf, n, "%.0fs", (double)ms / 1000.0);
 }
 
-void log_event(enum log_level level, const char *component, const char *msg, ...)
+/* The text of a typed value; NULL when the pair is to be left out. */
+static const char *field_text(const struct log_field *f, char *buf, size_t n)
 {
-	va_list ap;
+	switch (f->kind) {
+	case LOG_FIELD_STR:
+		return f->v.s ? f->v.s : "";
+	case LOG_FIELD_OPT:
+		return f->v.s;
+	case LOG_FIELD_INT:
+		snprintf(buf, n, "%lld", (long long)f->v.i);
+		return buf;
+	case LOG_FIELD_UINT:
+		snprintf(buf, n, "%llu", (unsigned long long)f->v.u);
+		return buf;
+	case LOG_FIELD_MS:
+		format_ms(f->v.i, buf, n);
+		return buf;
+	case LOG_FIELD_RATE:
+		snprintf(buf, n, "%.0f/s", f->v.d);
+		return buf;
+	case LOG_FIELD_END:
+		break;
+	}
+	return NULL;
+}
+
+void log_fields(enum log_level level, const char *component, const char *msg,
+                const struct log_field *f)
+{
+	struct line l;
+	bool json;
 
 	if (!log_enabled(level))
 		return;
-	va_start(ap, msg);
-	emit(level, component, msg, &ap, NULL, 0);
-	va_end(ap);
+	json = line_begin(&l, level, component, msg);
+	for (; f != NULL && f->kind != LOG_FIELD_END; f++) {
+		char buf[48];
+		const char *v = field_text(f, buf, sizeof(buf));
+
+		if (f->key != NULL && v != NULL)
+			put_pair(&l, f->key, v, json, false);
+	}
+	line_end(&l, json);
 }
 
 void log_event_kv(enum log_level level, const char *component, const char *msg,
                   const char *const *kv, size_t npairs)
 {
+	struct line l;
+	bool json;
+
 	if (!log_enabled(level))
 		return;
-	emit(level, component, msg, NULL, kv, npairs);
+	json = line_begin(&l, level, component, msg);
+	for (size_t i = 0; kv != NULL && i < npairs; i++) {
+		if (kv[2 * i] != NULL)
+			put_pair(&l, kv[2 * i], kv[2 * i + 1], json, false);
+	}
+	line_end(&l, json);
 }

@@ -27,21 +27,13 @@ struct maintenance {
 	uint64_t seed;
 };
 
-static int64_t wall_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void refresh_gauges(struct maintenance *m)
 {
 	struct store_status st;
 
 	if (store_status(m->store, &st) < 0) {
 		log_event(LOG_WARN, "maintenance", "could not read table status, will retry",
-		          "error", store_errmsg(m->store), (char *)NULL);
+		          LOG_STR("error", store_errmsg(m->store)));
 		store_disconnect(m->store);
 		return;
 	}
@@ -51,27 +43,24 @@ static void refresh_gauges(struct maintenance *m)
 	atomic_store(&g_metrics.published_rows, st.published);
 	atomic_store(&g_metrics.oldest_pending_age_ms, (long long)(st.oldest_pending_age_s * 1000));
 	atomic_store(&g_metrics.blocked_keys, st.blocked_keys);
-	atomic_store(&g_metrics.table_stats_at_ms, wall_ms());
+	atomic_store(&g_metrics.table_stats_at_ms, clock_wall_ms());
 }
 
 static void purge(struct maintenance *m)
 {
 	const struct config *cfg = m->relay->cfg;
 	int64_t deleted = 0;
-	char s_del[24], s_ret[32];
 
 	if (store_purge(m->store, cfg->relay_retention_ms, PURGE_BATCH, &m->stop_purge, &deleted) <
 	    0) {
 		log_event(LOG_WARN, "maintenance", "could not purge published rows, will retry",
-		          "error", store_errmsg(m->store), (char *)NULL);
+		          LOG_STR("error", store_errmsg(m->store)));
 		store_disconnect(m->store);
 		return;
 	}
 	if (deleted > 0) {
-		snprintf(s_del, sizeof(s_del), "%" PRId64, deleted);
-		config_format_duration(cfg->relay_retention_ms, s_ret, sizeof(s_ret));
-		log_event(LOG_INFO, "maintenance", "purged published rows past retention", "rows",
-		          s_del, "retention", s_ret, (char *)NULL);
+		log_event(LOG_INFO, "maintenance", "purged published rows past retention",
+		          LOG_INT("rows", deleted), LOG_MS("retention", cfg->relay_retention_ms));
 	}
 }
 
@@ -93,7 +82,7 @@ static void *maintenance_main(void *arg)
 				if (failures == 1)
 					log_event(LOG_WARN, "maintenance",
 					          "could not connect to database, will retry",
-					          "error", store_errmsg(m->store), (char *)NULL);
+					          LOG_STR("error", store_errmsg(m->store)));
 			} else {
 				failures = 0;
 			}
@@ -143,8 +132,7 @@ struct maintenance *maintenance_start(struct relay *r)
 	m->opts.admin = true;
 	m->store = store_new(&m->opts);
 	if (!m->store || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
-		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread",
-		          (char *)NULL);
+		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread");
 		store_free(m->store);
 		free(m);
 		return NULL;

@@ -80,8 +80,8 @@ static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
 	int64_t now = clock_mono_ms();
 	uint64_t pub = atomic_load_explicit(&g_metrics.published, memory_order_relaxed);
 	uint64_t fail = 0;
-	char s_pub[24], s_fail[24], s_rate[32], s_pend[24], s_age[32];
 	double secs = (double)(now - *last_ms) / 1000.0;
+	bool known = atomic_load(&g_metrics.table_stats_at_ms) != 0;
 
 	for (int i = 0; i < METRICS_FAIL_REASONS; i++)
 		fail += atomic_load_explicit(&g_metrics.failed[i], memory_order_relaxed);
@@ -89,21 +89,15 @@ static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
 		*last_ms = now; /* silence when idle */
 		return;
 	}
-	snprintf(s_pub, sizeof(s_pub), "%" PRIu64, pub - (uint64_t)*last_pub);
-	snprintf(s_fail, sizeof(s_fail), "%" PRIu64, fail - *last_fail);
-	snprintf(s_rate, sizeof(s_rate), "%.0f/s",
-	         secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0);
-	if (atomic_load(&g_metrics.table_stats_at_ms)) {
-		snprintf(s_pend, sizeof(s_pend), "%lld",
-		         (long long)atomic_load(&g_metrics.pending));
-		snprintf(s_age, sizeof(s_age), "%.1fs",
-		         (double)atomic_load(&g_metrics.oldest_pending_age_ms) / 1000.0);
-	} else {
-		snprintf(s_pend, sizeof(s_pend), "unknown");
-		snprintf(s_age, sizeof(s_age), "unknown");
-	}
-	log_event(LOG_INFO, "relay", "summary", "published", s_pub, "failed", s_fail, "rate",
-	          s_rate, "pending", s_pend, "oldest_pending_age", s_age, (char *)NULL);
+	/* Until the maintenance loop has read the table once, say so rather than print 0. */
+	log_event(
+	        LOG_INFO, "relay", "summary", LOG_UINT("published", pub - (uint64_t)*last_pub),
+	        LOG_UINT("failed", fail - *last_fail),
+	        LOG_RATE("rate", secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0),
+	        known ? LOG_INT("pending", atomic_load(&g_metrics.pending))
+	              : LOG_STR("pending", "unknown"),
+	        known ? LOG_MS("oldest_pending_age", atomic_load(&g_metrics.oldest_pending_age_ms))
+	              : LOG_STR("oldest_pending_age", "unknown"));
 	*last_pub = (int64_t)pub;
 	*last_fail = fail;
 	*last_ms = now;
@@ -131,7 +125,7 @@ static void release_leases(const struct config *cfg)
 		return;
 	if (store_connect(s) < 0 || store_release(s, NULL, 0) < 0)
 		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
-		          "error", store_errmsg(s), (char *)NULL);
+		          LOG_STR("error", store_errmsg(s)));
 	store_free(s);
 }
 
@@ -143,7 +137,7 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	int started = 0;
 	struct maintenance *maint = NULL;
 	struct http_server *http = NULL;
-	char err[256], s_workers[16], s_batch[16];
+	char err[256];
 	int64_t last_pub = 0, last_ms = clock_mono_ms();
 	uint64_t last_fail = 0;
 	int rc = 1;
@@ -153,8 +147,8 @@ int command_run(const struct config *cfg, int argc, char **argv)
 		return 2;
 	}
 	if (pipe(wake_pipe) < 0) {
-		log_event(LOG_ERROR, "relay", "could not create the wake-up pipe", "error",
-		          strerror(errno), (char *)NULL);
+		log_event(LOG_ERROR, "relay", "could not create the wake-up pipe",
+		          LOG_STR("error", strerror(errno)));
 		return 1;
 	}
 	(void)fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC);
@@ -172,12 +166,12 @@ int command_run(const struct config *cfg, int argc, char **argv)
 
 		config_redact(cfg->database_url, db, sizeof(db));
 		config_redact(cfg->amqp_url, mq, sizeof(mq));
-		snprintf(s_workers, sizeof(s_workers), "%d", nworkers);
-		snprintf(s_batch, sizeof(s_batch), "%lld", (long long)cfg->relay_batch_size);
-		log_event(LOG_INFO, "relay", "starting outbox-relay", "version", OUTBOX_VERSION,
-		          "relay_id", cfg->relay_id, "table", cfg->database_table, "database", db,
-		          "broker", mq, "workers", s_workers, "batch_size", s_batch, "http",
-		          cfg->http_listen, (char *)NULL);
+		log_event(LOG_INFO, "relay", "starting outbox-relay",
+		          LOG_STR("version", OUTBOX_VERSION), LOG_STR("relay_id", cfg->relay_id),
+		          LOG_STR("table", cfg->database_table), LOG_STR("database", db),
+		          LOG_STR("broker", mq), LOG_INT("workers", nworkers),
+		          LOG_INT("batch_size", cfg->relay_batch_size),
+		          LOG_STR("http", cfg->http_listen));
 		log_config(cfg);
 	}
 
@@ -188,12 +182,12 @@ int command_run(const struct config *cfg, int argc, char **argv)
 
 		http = http_start(cfg->http_listen, stale, OUTBOX_VERSION, err, sizeof(err));
 		if (!http) {
-			log_event(LOG_ERROR, "http", "could not start the HTTP endpoint", "listen",
-			          cfg->http_listen, "error", err, (char *)NULL);
+			log_event(LOG_ERROR, "http", "could not start the HTTP endpoint",
+			          LOG_STR("listen", cfg->http_listen), LOG_STR("error", err));
 			goto out;
 		}
-		log_event(LOG_INFO, "http", "serving /healthz /readyz /metrics", "listen",
-		          cfg->http_listen, (char *)NULL);
+		log_event(LOG_INFO, "http", "serving /healthz /readyz /metrics",
+		          LOG_STR("listen", cfg->http_listen));
 	}
 
 	workers = calloc((size_t)nworkers, sizeof(*workers));
@@ -207,8 +201,7 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	}
 	for (; started < nworkers; started++) {
 		if (pthread_create(&threads[started], NULL, worker_main, workers[started]) != 0) {
-			log_event(LOG_ERROR, "relay", "could not start a relay thread",
-			          (char *)NULL);
+			log_event(LOG_ERROR, "relay", "could not start a relay thread");
 			atomic_store(&g_relay.stopping, 1);
 			goto out;
 		}
@@ -225,12 +218,9 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	rc = 0;
 out:
 	if (started > 0 || rc != 0) {
-		char s_to[32];
-
-		config_format_duration(cfg->relay_shutdown_timeout_ms, s_to, sizeof(s_to));
 		if (rc == 0)
 			log_event(LOG_INFO, "relay", "stopping: waiting for outstanding confirms",
-			          "timeout", s_to, (char *)NULL);
+			          LOG_MS("timeout", cfg->relay_shutdown_timeout_ms));
 		atomic_store(&g_relay.stopping, 1);
 		if (wake_pipe[1] >= 0) {
 			ssize_t n = write(wake_pipe[1], "x", 1);
@@ -251,7 +241,7 @@ out:
 		release_leases(cfg);
 		if (rc == 0) {
 			summary(&last_pub, &last_fail, &last_ms);
-			log_event(LOG_INFO, "relay", "stopped", (char *)NULL);
+			log_event(LOG_INFO, "relay", "stopped");
 		}
 	}
 	http_stop(http);

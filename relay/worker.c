@@ -85,29 +85,18 @@ static void set_tick(struct worker *w)
 	atomic_store_explicit(&g_metrics.tick_ms[w->index], clock_mono_ms(), memory_order_relaxed);
 }
 
-static void fmt_ms(int64_t ms, char *buf, size_t n)
-{
-	if (ms < 1000)
-		snprintf(buf, n, "%" PRId64 "ms", ms);
-	else
-		snprintf(buf, n, "%.1fs", (double)ms / 1000.0);
-}
-
 /* ---- connection state ---- */
 
 static void endpoint_up(struct worker *w, struct endpoint_state *e, atomic_int *gauge,
                         const char *what, const char *detail)
 {
-	char down[32];
-
-	if (e->failures > 0 || e->down_since_ms) {
-		fmt_ms(clock_mono_ms() - e->down_since_ms, down, sizeof(down));
-		log_event(LOG_INFO, w->component, "reconnected", "to", what, "after", down,
-		          detail ? "server" : NULL, detail, (char *)NULL);
-	} else {
-		log_event(LOG_INFO, w->component, "connected", "to", what, detail ? "server" : NULL,
-		          detail, (char *)NULL);
-	}
+	if (e->failures > 0 || e->down_since_ms)
+		log_event(LOG_INFO, w->component, "reconnected", LOG_STR("to", what),
+		          LOG_MS("after", clock_mono_ms() - e->down_since_ms),
+		          LOG_OPT("server", detail));
+	else
+		log_event(LOG_INFO, w->component, "connected", LOG_STR("to", what),
+		          LOG_OPT("server", detail));
 	e->up = true;
 	e->failures = 0;
 	e->down_since_ms = 0;
@@ -121,7 +110,6 @@ static void endpoint_down(struct worker *w, struct endpoint_state *e, atomic_int
 {
 	int64_t now = clock_mono_ms();
 	bool was_up = e->up;
-	char wait[32];
 	int64_t delay;
 
 	if (e->up) {
@@ -134,20 +122,16 @@ static void endpoint_down(struct worker *w, struct endpoint_state *e, atomic_int
 	e->streak++;
 	delay = backoff_ms(RECONNECT_MIN_MS, RECONNECT_MAX_MS, e->streak, &w->seed);
 	e->retry_at_ms = now + delay;
-	fmt_ms(delay, wait, sizeof(wait));
 	if (was_up)
-		log_event(LOG_WARN, w->component, "lost connection, will reconnect", "to", what,
-		          "retry_in", wait, "error", error, (char *)NULL);
+		log_event(LOG_WARN, w->component, "lost connection, will reconnect",
+		          LOG_STR("to", what), LOG_MS("retry_in", delay), LOG_STR("error", error));
 	else if (e->failures == 1)
-		log_event(LOG_WARN, w->component, "could not connect, will retry", "to", what,
-		          "retry_in", wait, "error", error, (char *)NULL);
-	else {
-		char att[24];
-
-		snprintf(att, sizeof(att), "%" PRId64, e->failures);
-		log_event(LOG_DEBUG, w->component, "could not connect, will retry", "to", what,
-		          "retry_in", wait, "attempt", att, "error", error, (char *)NULL);
-	}
+		log_event(LOG_WARN, w->component, "could not connect, will retry",
+		          LOG_STR("to", what), LOG_MS("retry_in", delay), LOG_STR("error", error));
+	else /* later failures of the same outage: the operator has been told already */
+		log_event(LOG_DEBUG, w->component, "could not connect, will retry",
+		          LOG_STR("to", what), LOG_MS("retry_in", delay),
+		          LOG_INT("attempt", e->failures), LOG_STR("error", error));
 }
 
 static bool ensure_db(struct worker *w)
@@ -195,8 +179,8 @@ static void db_failed(struct worker *w, int rc, const char *doing)
 	}
 	/* The connection is alive but the statement failed (lock timeout, constraint, a DBA
 	 * dropping a column...): say so and back off; leases keep the rows safe. */
-	log_event(LOG_ERROR, w->component, "database statement failed, will retry", "doing", doing,
-	          "error", store_errmsg(w->store), (char *)NULL);
+	log_event(LOG_ERROR, w->component, "database statement failed, will retry",
+	          LOG_STR("doing", doing), LOG_STR("error", store_errmsg(w->store)));
 	store_disconnect(w->store);
 	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
 }
@@ -209,8 +193,8 @@ static void broker_failed(struct worker *w, int rc, bool in_batch)
 	broker_disconnect(w->broker);
 	if (w->mq.up && in_batch)
 		log_event(LOG_WARN, w->component,
-		          "broker did not confirm the batch, unconfirmed rows released", "reason",
-		          why, "error", broker_errmsg(w->broker), (char *)NULL);
+		          "broker did not confirm the batch, unconfirmed rows released",
+		          LOG_STR("reason", why), LOG_STR("error", broker_errmsg(w->broker)));
 	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
 }
 
@@ -354,14 +338,8 @@ static int pay_owed(struct worker *w)
 		db_failed(w, rc, "marking rows confirmed while the database was away");
 		return rc;
 	}
-	{
-		char rows[24];
-
-		snprintf(rows, sizeof(rows), "%zu", w->n_owed);
-		log_event(LOG_INFO, w->component,
-		          "marked rows confirmed while the database was away", "rows", rows,
-		          (char *)NULL);
-	}
+	log_event(LOG_INFO, w->component, "marked rows confirmed while the database was away",
+	          LOG_UINT("rows", w->n_owed));
 	clear_owed(w);
 	return 0;
 }
@@ -370,25 +348,21 @@ static void log_failure(struct worker *w, const struct store_row *row,
                         const struct broker_result *res, const struct store_failure *f,
                         int attempts)
 {
-	char wait[32], att[16];
-
-	snprintf(att, sizeof(att), "%d", attempts);
 	if (!f->dead) {
-		fmt_ms(f->delay_ms, wait, sizeof(wait));
-		log_event(LOG_WARN, w->component, "could not publish, will retry", "id", row->id,
-		          "exchange", row->exchange, "routing_key", row->routing_key, "attempt",
-		          att, "retry_in", wait, "error", res->error, (char *)NULL);
+		log_event(LOG_WARN, w->component, "could not publish, will retry",
+		          LOG_STR("id", row->id), LOG_STR("exchange", row->exchange),
+		          LOG_STR("routing_key", row->routing_key), LOG_INT("attempt", attempts),
+		          LOG_MS("retry_in", f->delay_ms), LOG_STR("error", res->error));
 		return;
 	}
 	log_event(LOG_ERROR, w->component,
-	          "message is dead, an operator must requeue or discard it", "id", row->id,
-	          "exchange", row->exchange, "routing_key", row->routing_key, "attempts", att,
-	          "error", res->error,
-	          /* last pair, so that an unkeyed row ends the list here */
-	          row->ordering_key ? "ordering_key" : NULL, row->ordering_key, (char *)NULL);
+	          "message is dead, an operator must requeue or discard it", LOG_STR("id", row->id),
+	          LOG_STR("exchange", row->exchange), LOG_STR("routing_key", row->routing_key),
+	          LOG_INT("attempts", attempts), LOG_STR("error", res->error),
+	          LOG_OPT("ordering_key", row->ordering_key));
 	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
 		log_event(LOG_ERROR, w->component, "dead row set aside, its ordering key moves on",
-		          "ordering_key", row->ordering_key, "id", row->id, (char *)NULL);
+		          LOG_STR("ordering_key", row->ordering_key), LOG_STR("id", row->id));
 		atomic_fetch_add_explicit(&g_metrics.skipped_dead, 1, memory_order_relaxed);
 	}
 }
@@ -518,8 +492,7 @@ static void cycle(struct worker *w)
 	next->n = 0;
 	if (grow(w, x->n + (size_t)w->cfg->relay_batch_size) < 0) {
 		/* Nothing to release them with: the rows come back when their lease ends. */
-		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease",
-		          (char *)NULL);
+		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease");
 		x->n = 0;
 		return;
 	}
@@ -575,7 +548,7 @@ static void cycle(struct worker *w)
 			 * and are tried again. */
 			log_event(LOG_WARN, w->component,
 			          "could not record failed rows, they return when their lease ends",
-			          "error", store_errmsg(w->store), (char *)NULL);
+			          LOG_STR("error", store_errmsg(w->store)));
 			owe_marks(w, w->published, n_pub);
 			db_failed(w, rc, "marking rows failed");
 			next->n = 0;
@@ -717,19 +690,17 @@ void *worker_main(void *arg)
 			if (store_release(w->store, w->released, x->n) < 0)
 				log_event(LOG_WARN, w->component,
 				          "could not release leases, they expire by themselves",
-				          "error", store_errmsg(w->store), (char *)NULL);
+				          LOG_STR("error", store_errmsg(w->store)));
 		}
 		x->n = 0;
 		if (w->n_owed && pay_owed(w) < 0)
-			log_event(LOG_WARN, w->component, "could not mark confirmed rows",
-			          (char *)NULL);
+			log_event(LOG_WARN, w->component, "could not mark confirmed rows");
 	}
 	if (w->n_owed)
 		log_event(
 		        LOG_WARN, w->component,
 		        "exiting with confirmed rows unmarked; they will be published again after "
-		        "their lease",
-		        (char *)NULL);
+		        "their lease");
 	if (w->db.up)
 		atomic_fetch_sub_explicit(&g_metrics.db_up, 1, memory_order_relaxed);
 	if (w->mq.up)

@@ -57,7 +57,7 @@ Test(log, text_line_has_timestamp_level_component_and_message)
 
 	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
 	capture_start();
-	log_event(LOG_WARN, "relay", "could not publish, will retry in 4s", "id", "a1", NULL);
+	log_event(LOG_WARN, "relay", "could not publish, will retry in 4s", LOG_STR("id", "a1"));
 	out = capture_end();
 
 	/* ts=YYYY-MM-DDTHH:MM:SS.mmmZ */
@@ -77,9 +77,10 @@ Test(log, text_quotes_and_escapes_values)
 
 	log_setup(LOG_DEBUG, LOG_FORMAT_TEXT);
 	capture_start();
-	log_event(LOG_INFO, "store", "m", "plain", "abc", "space", "a b", "empty", "", "null", NULL,
-	          "quote", "say \"hi\"", "eq", "k=v", "nl", "x\ny", "bs", "c:\\d", "ctl", "a\x01z",
-	          "tab", "\t", NULL);
+	log_event(LOG_INFO, "store", "m", LOG_STR("plain", "abc"), LOG_STR("space", "a b"),
+	          LOG_STR("empty", ""), LOG_STR("null", NULL), LOG_STR("quote", "say \"hi\""),
+	          LOG_STR("eq", "k=v"), LOG_STR("nl", "x\ny"), LOG_STR("bs", "c:\\d"),
+	          LOG_STR("ctl", "a\x01z"), LOG_STR("tab", "\t"));
 	out = capture_end();
 
 	cr_assert(strstr(out, " msg=\"m\"") != NULL, "got: %s", out);
@@ -105,11 +106,11 @@ Test(log, json_line_parses_and_carries_every_field)
 
 	log_setup(LOG_INFO, LOG_FORMAT_JSON);
 	capture_start();
-	log_event(LOG_ERROR, "relay", "row is dead", "id", "r\"1", "error", "bad\x02\n\\", "utf8",
-	          "caf\xc3\xa9", "broken",
-	          "a\xff\xfe"
-	          "b",
-	          "null", NULL, NULL);
+	log_event(LOG_ERROR, "relay", "row is dead", LOG_STR("id", "r\"1"),
+	          LOG_STR("error", "bad\x02\n\\"), LOG_STR("utf8", "caf\xc3\xa9"),
+	          LOG_STR("broken", "a\xff\xfe"
+	                            "b"),
+	          LOG_STR("null", NULL));
 	out = capture_end();
 
 	cr_assert_eq(count_char(out, '\n'), 1, "got: %s", out);
@@ -143,10 +144,10 @@ Test(log, level_filter_drops_lower_levels)
 	cr_assert(log_enabled(LOG_WARN));
 	cr_assert(log_enabled(LOG_ERROR));
 	capture_start();
-	log_event(LOG_DEBUG, "relay", "debug line", NULL);
-	log_event(LOG_INFO, "relay", "info line", NULL);
-	log_event(LOG_WARN, "relay", "warn line", NULL);
-	log_event(LOG_ERROR, "relay", "error line", NULL);
+	log_event(LOG_DEBUG, "relay", "debug line");
+	log_event(LOG_INFO, "relay", "info line");
+	log_event(LOG_WARN, "relay", "warn line");
+	log_event(LOG_ERROR, "relay", "error line");
 	out = capture_end();
 
 	cr_assert_null(strstr(out, "debug line"), "got: %s", out);
@@ -178,7 +179,8 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 
 	log_setup(LOG_INFO, LOG_FORMAT_JSON);
 	capture_start();
-	log_event(LOG_WARN, "relay", "big", "a", big, "b", quotes, "c", big, "d", "tail", NULL);
+	log_event(LOG_WARN, "relay", "big", LOG_STR("a", big), LOG_STR("b", quotes),
+	          LOG_STR("c", big), LOG_STR("d", "tail"));
 	out = capture_end();
 
 	cr_assert_leq(strlen(out), 4096, "a line fits in PIPE_BUF");
@@ -194,7 +196,7 @@ Test(log, huge_values_are_cut_and_the_line_stays_valid)
 
 	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
 	capture_start();
-	log_event(LOG_WARN, "relay", "big", "a", big, "b", "x y", NULL);
+	log_event(LOG_WARN, "relay", "big", LOG_STR("a", big), LOG_STR("b", "x y"));
 	out = capture_end();
 	cr_assert_leq(strlen(out), 4096);
 	cr_assert_not_null(strstr(out, "xxx... b=\"x y\"\n"), "got tail: %s",
@@ -231,8 +233,9 @@ static void *write_lines(void *arg)
 
 	for (int i = 0; i < LINES_PER_THREAD; i++) {
 		snprintf(id, sizeof(id), "t%d-%d", *(int *)arg, i);
-		log_event(LOG_INFO, "relay", "concurrent line", "id", id, "pad",
-		          "some text with spaces and \"quotes\" to make the line longer", NULL);
+		log_event(LOG_INFO, "relay", "concurrent line", LOG_STR("id", id),
+		          LOG_STR("pad",
+		                  "some text with spaces and \"quotes\" to make the line longer"));
 	}
 	return NULL;
 }
@@ -298,5 +301,31 @@ Test(log, pairs_from_an_array)
 	                               " a=1 b=\"two words\" c=\"\"\n"),
 	                   "got: %s", out);
 	cr_assert_null(strstr(out, "filtered out"));
+	free(out);
+}
+
+/* Typed fields: numbers and durations are formatted here, an optional pair that is NULL is left
+ * out without losing the pairs after it (the old NULL-terminated list ended there). */
+Test(log, typed_fields_format_and_optional_pairs_do_not_end_the_list)
+{
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	capture_start();
+	log_event(LOG_WARN, "worker1", "typed", LOG_INT("attempt", -3),
+	          LOG_UINT("rows", 18446744073709551615ull), LOG_MS("short", 250),
+	          LOG_MS("secs", 1500), LOG_MS("mins", 300000),
+	          LOG_MS("days", 7LL * 24 * 3600 * 1000), LOG_MS("odd", 123456),
+	          LOG_RATE("rate", 1234.4), LOG_OPT("ordering_key", NULL),
+	          LOG_STR("after", "kept"));
+	out = capture_end();
+
+	cr_assert_not_null(strstr(out, " attempt=-3 "), "got: %s", out);
+	cr_assert_not_null(strstr(out, " rows=18446744073709551615 "), "got: %s", out);
+	cr_assert_not_null(strstr(out, " short=250ms secs=1.5s mins=5m days=7d odd=123s "),
+	                   "got: %s", out);
+	cr_assert_not_null(strstr(out, " rate=1234/s "), "got: %s", out);
+	cr_assert_null(strstr(out, "ordering_key"), "a NULL optional pair is left out: %s", out);
+	cr_assert_not_null(strstr(out, " after=kept\n"), "pairs after it survive: %s", out);
 	free(out);
 }
