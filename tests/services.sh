@@ -170,6 +170,8 @@ ssl_options.certfile = $dir/tls/server.pem
 ssl_options.keyfile = $dir/tls/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
+# Small enough that a test can exceed it with a 5 MiB body (RabbitMQ's default is 128 MiB).
+max_message_size = 4194304
 EOF
 	# Everything the node and its CLI tools read comes from this file, so the start, stop and
 	# ctl wrappers all talk to this node and its own epmd, never to another one.
