@@ -1,12 +1,12 @@
 /* Test consumer: one rabbitmq-c connection on its own thread that records every delivery
  * (copied, headers as JSON) for the test thread to query, and reconnects after broker
- * restarts so that fault tests can count messages across them. */
+ * restarts so that fault tests can count messages across them. Needs neither criterion nor
+ * the harness (consumer_start(), which fails the test, is in consumer_assert.c). */
 #include "tests/support/consumer.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
-#include <criterion/criterion.h>
-#include <criterion/logging.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,11 +14,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "tests/support/harness.h"
-
 #define CONSUMER_PREFETCH 1000
 /* A frame wait this long is also how quickly the thread notices consumer_stop(). */
 #define CONSUMER_POLL_US 100000
+/* How long consumer_open() waits for the first basic.consume. */
+#define CONSUMER_START_MS 20000
 
 struct entry {
 	struct consumer_msg *first;
@@ -40,6 +40,22 @@ struct consumer {
 	size_t n_order, cap_order;
 	char last_error[256];
 };
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
 
 static char *dup_bytes(amqp_bytes_t b)
 {
@@ -342,7 +358,7 @@ static void *consumer_main(void *arg)
 		if (conn == NULL) {
 			conn = open_consumer(c);
 			if (conn == NULL) {
-				harness_sleep_ms(200);
+				sleep_ms(200);
 				continue;
 			}
 			atomic_fetch_add(&c->connects, 1);
@@ -372,7 +388,7 @@ static void *consumer_main(void *arg)
 		set_error(c, "consume", r);
 		amqp_destroy_connection(conn);
 		conn = NULL;
-		harness_sleep_ms(100);
+		sleep_ms(100);
 	}
 	if (conn) {
 		cleanup_broker(c, conn);
@@ -382,45 +398,9 @@ static void *consumer_main(void *arg)
 	return NULL;
 }
 
-struct consumer *consumer_start(const char *url, const char *queue, const char *exchange,
-                                const char *exchange_type, const char *routing_key)
+/* Everything but the thread, which is joined (or was never started) by now. */
+static void free_consumer(struct consumer *c)
 {
-	struct consumer *c = calloc(1, sizeof(*c));
-	int64_t deadline;
-
-	cr_assert_not_null(c);
-	c->url = dup_str(url);
-	c->queue = dup_str(queue);
-	c->exchange = dup_str(exchange ? exchange : "");
-	c->exchange_type = dup_str(exchange_type);
-	c->routing_key = dup_str(routing_key ? routing_key : "");
-	c->index = json_object();
-	pthread_mutex_init(&c->mu, NULL);
-	atomic_init(&c->stop, false);
-	atomic_init(&c->ready, 0);
-	atomic_init(&c->connects, 0);
-	cr_assert_eq(pthread_create(&c->thread, NULL, consumer_main, c), 0);
-	deadline = harness_now_ms() + 20000;
-	while (atomic_load(&c->ready) == 0 && harness_now_ms() < deadline)
-		harness_sleep_ms(10);
-	if (atomic_load(&c->ready) != 1) {
-		char err[256];
-
-		pthread_mutex_lock(&c->mu);
-		snprintf(err, sizeof(err), "%s", c->last_error);
-		pthread_mutex_unlock(&c->mu);
-		consumer_stop(c);
-		cr_assert_fail("consumer for queue '%s' could not start: %s", queue, err);
-	}
-	return c;
-}
-
-void consumer_stop(struct consumer *c)
-{
-	if (c == NULL)
-		return;
-	atomic_store(&c->stop, true);
-	pthread_join(c->thread, NULL);
 	for (size_t i = 0; i < c->n_entries; i++)
 		free_msg(c->entries[i].first);
 	for (size_t i = 0; i < c->n_order; i++)
@@ -435,6 +415,55 @@ void consumer_stop(struct consumer *c)
 	free(c->exchange_type);
 	free(c->routing_key);
 	free(c);
+}
+
+int consumer_open(struct consumer **out, const char *url, const char *queue, const char *exchange,
+                  const char *exchange_type, const char *routing_key, char *err, size_t errlen)
+{
+	struct consumer *c = calloc(1, sizeof(*c));
+	int64_t deadline;
+
+	if (c == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	c->url = dup_str(url);
+	c->queue = dup_str(queue);
+	c->exchange = dup_str(exchange ? exchange : "");
+	c->exchange_type = dup_str(exchange_type);
+	c->routing_key = dup_str(routing_key ? routing_key : "");
+	c->index = json_object();
+	pthread_mutex_init(&c->mu, NULL);
+	atomic_init(&c->stop, false);
+	atomic_init(&c->ready, 0);
+	atomic_init(&c->connects, 0);
+	if (pthread_create(&c->thread, NULL, consumer_main, c) != 0) {
+		snprintf(err, errlen, "could not start the consumer thread");
+		free_consumer(c);
+		return -1;
+	}
+	deadline = now_ms() + CONSUMER_START_MS;
+	while (atomic_load(&c->ready) == 0 && now_ms() < deadline)
+		sleep_ms(10);
+	if (atomic_load(&c->ready) != 1) {
+		pthread_mutex_lock(&c->mu);
+		snprintf(err, errlen, "consumer for queue '%s' could not start: %s", queue,
+		         c->last_error[0] ? c->last_error : "no connection in time");
+		pthread_mutex_unlock(&c->mu);
+		consumer_stop(c);
+		return -1;
+	}
+	*out = c;
+	return 0;
+}
+
+void consumer_stop(struct consumer *c)
+{
+	if (c == NULL)
+		return;
+	atomic_store(&c->stop, true);
+	pthread_join(c->thread, NULL);
+	free_consumer(c);
 }
 
 size_t consumer_unique(struct consumer *c)
@@ -476,14 +505,14 @@ size_t consumer_reconnects(struct consumer *c)
 
 bool consumer_wait_unique(struct consumer *c, size_t n, int64_t timeout_ms)
 {
-	int64_t deadline = harness_now_ms() + timeout_ms;
+	int64_t deadline = now_ms() + timeout_ms;
 
 	for (;;) {
 		if (consumer_unique(c) >= n)
 			return true;
-		if (harness_now_ms() >= deadline)
+		if (now_ms() >= deadline)
 			return false;
-		harness_sleep_ms(10);
+		sleep_ms(10);
 	}
 }
 

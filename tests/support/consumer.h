@@ -1,7 +1,12 @@
 /* consumer.h — a real AMQP consumer for the tests: its own thread and connection, a durable
  * queue bound to an exchange, and a record of every delivery (duplicates included) that the
  * test thread can query while messages are still arriving. It reconnects by itself when the
- * broker restarts and acks only after recording, so nothing is lost on its side. */
+ * broker restarts and acks only after recording, so nothing is lost on its side.
+ *
+ * Everything here but consumer_start() is free of criterion and of the test harness
+ * (consumer.c links against rabbitmq-c, jansson and pthreads only), so programs other than
+ * the tests can use it through consumer_open(). Thread-safe: the queries may be called from
+ * any thread while the consumer runs; consumer_stop() once, after the last of them. */
 #ifndef OUTBOX_TESTS_CONSUMER_H
 #define OUTBOX_TESTS_CONSUMER_H
 
@@ -40,11 +45,20 @@ struct consumer;
 
 /* Connects to url, declares the durable queue `queue`, binds it to exchange with
  * routing_key (exchange NULL or "" = default exchange, no binding) and starts consuming.
- * When exchange_type is not NULL the exchange is declared first (durable). Returns once the
- * queue is bound, so a publish made afterwards is routed to it; fails the test otherwise. */
+ * When exchange_type is not NULL the exchange is declared first (durable). The strings are
+ * copied. Returns 0 once the queue is bound, so a publish made afterwards is routed to it,
+ * with a new consumer in *out (free with consumer_stop()). Returns -1 when it could not
+ * consume within 20 s (the last broker error in err) or could not start its thread; *out is
+ * then untouched and nothing is left running. */
+int consumer_open(struct consumer **out, const char *url, const char *queue, const char *exchange,
+                  const char *exchange_type, const char *routing_key, char *err, size_t errlen)
+        __attribute__((warn_unused_result));
+/* consumer_open() for the criterion tests: returns the new consumer or fails the current test
+ * with the error. Defined in consumer_assert.c, which needs criterion. */
 struct consumer *consumer_start(const char *url, const char *queue, const char *exchange,
                                 const char *exchange_type, const char *routing_key);
-/* Stops the thread, deletes the queue (and the exchange it declared), frees everything. */
+/* Stops the thread, deletes the queue (and the exchange it declared), frees everything;
+ * accepts NULL. Pointers obtained from c are invalid afterwards. */
 void consumer_stop(struct consumer *c);
 
 /* Waits until n distinct message ids arrived; false after timeout_ms. */
