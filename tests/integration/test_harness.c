@@ -1,12 +1,20 @@
 /* Checks the test harness itself against the real servers: the consumer's record of
  * deliveries (properties, headers of every type, duplicates), the TCP proxy's drop, stall
- * and refuse, and the PostgreSQL helpers, so that a failing relay test is the relay's fault. */
+ * and refuse, and the PostgreSQL helpers, so that a failing relay test is the relay's fault;
+ * and that a test that fails or is killed leaves none of the processes it started running. */
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/support/consumer.h"
 #include "tests/support/harness.h"
@@ -311,4 +319,162 @@ Test(harness, consumer_on_default_exchange)
 	amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
 	amqp_destroy_connection(conn);
 	consumer_stop(cons);
+}
+
+/* ---- a failing test still ends every process it started ---- */
+
+/* These tests run twice. Run by ctest, they run their own executable again, filtered to
+ * themselves, with RELAY_TEST_ORPHAN_PROBE naming a table: that second run is the probe. It
+ * starts a relay (plus a consumer and a TCP proxy, whose threads must not keep it alive),
+ * prints the relay's pid and then fails on purpose, either through cr_assert (criterion ends
+ * the worker with exit()) or by SIGKILL of its own worker (a timeout kill: no exit handler
+ * runs). The outer run then checks that the relay is gone. It makes itself the subreaper of
+ * what it starts, so a process that outlived the probe comes back to it and is killed here,
+ * not left behind by this test too. */
+
+#define PROBE_ENV    "RELAY_TEST_ORPHAN_PROBE"
+#define PROBE_MARKER "orphan probe: relay pid="
+
+static void probe_child(const char *table, bool by_sigkill)
+{
+	char ex[64], q[64];
+	struct harness_relay *r;
+
+	snprintf(ex, sizeof(ex), "%s_ex", table);
+	snprintf(q, sizeof(q), "%s_q", table);
+	r = harness_relay_start(table, NULL, NULL);
+	cr_assert(harness_relay_wait_log(r, "msg=\"connected\" to=broker", 60000),
+	          "the probe's relay did not start");
+	if (!by_sigkill) {
+		(void)consumer_start(harness_amqp_url(), q, ex, "topic", "#");
+		(void)proxy_start(harness_amqp_port());
+	}
+	fprintf(stderr, PROBE_MARKER "%ld\n", (long)r->pid);
+	if (by_sigkill)
+		raise(SIGKILL);
+	cr_assert_fail("failing on purpose with a relay running");
+}
+
+/* Whether pid is a live process that still holds table in its environment (the relay's
+ * OUTBOX_DATABASE_TABLE): a pid reused by another process does not count. */
+static bool relay_alive(pid_t pid, const char *table)
+{
+	char path[64], want[128], buf[16384];
+	size_t n = 0, len;
+	FILE *f;
+
+	if (kill(pid, 0) != 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%ld/environ", (long)pid);
+	snprintf(want, sizeof(want), "OUTBOX_DATABASE_TABLE=%s", table);
+	f = fopen(path, "rb");
+	if (f == NULL)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	len = strlen(want);
+	for (size_t i = 0; i + len <= n; i += strlen(buf + i) + 1) {
+		if (strncmp(buf + i, want, len + 1) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Reaps the children that came back to this subreaper once dead; true when none is left
+ * running. */
+static bool no_children_left(void)
+{
+	for (;;) {
+		pid_t w = waitpid(-1, NULL, WNOHANG);
+
+		if (w > 0)
+			continue;
+		return w < 0 && errno == ECHILD;
+	}
+}
+
+static void run_probe(const char *test)
+{
+	char table[48], exe[PATH_MAX], filter[128], e_probe[128], e_pg[1100], e_amqp[600],
+	        e_bin[PATH_MAX + 32], ex[64], q[64];
+	const char *const env[] = { e_probe, e_pg, e_amqp, e_bin, NULL };
+	struct harness_relay *probe;
+	char *log, *mark;
+	long pid;
+	ssize_t n;
+	int st;
+	bool alive, leftovers;
+
+	cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0, "PR_SET_CHILD_SUBREAPER: %s",
+	             strerror(errno));
+	harness_unique_name(table, sizeof(table), "hx_orphan");
+	harness_migrate(table);
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	cr_assert(n > 0, "readlink /proc/self/exe: %s", strerror(errno));
+	exe[n] = '\0';
+	snprintf(filter, sizeof(filter), "--filter=harness/%s", test);
+	snprintf(e_probe, sizeof(e_probe), PROBE_ENV "=%s", table);
+	snprintf(e_pg, sizeof(e_pg), "RELAY_TEST_PG=%s", harness_pg_conninfo());
+	snprintf(e_amqp, sizeof(e_amqp), "RELAY_TEST_AMQP=%s", harness_amqp_url());
+	snprintf(e_bin, sizeof(e_bin), "RELAY_TEST_BIN=%s", harness_relay_bin());
+
+	probe = harness_program_start(exe, (const char *const[]){ filter, "--jobs=1", NULL }, env,
+	                              "orphan-probe");
+	st = harness_relay_wait(probe, 180000);
+	if (st < 0)
+		harness_relay_dump_log(probe);
+	cr_assert_geq(st, 0, "the probe run did not end");
+	log = harness_relay_log(probe);
+	mark = strstr(log, PROBE_MARKER);
+	pid = mark ? strtol(mark + strlen(PROBE_MARKER), NULL, 10) : 0;
+	if (pid <= 0 || st == 0)
+		harness_relay_dump_log(probe);
+	free(log);
+	cr_assert_gt(pid, 0, "the probe never had its relay running");
+	cr_assert_neq(st, 0, "the probe test was meant to fail");
+	harness_relay_free(probe);
+
+	/* A relay killed as its parent died comes back here as a zombie and is reaped above;
+	 * one still running after this long outlived the failed test. */
+	HARNESS_WAIT(!relay_alive((pid_t)pid, table) && no_children_left(), 15000);
+	alive = relay_alive((pid_t)pid, table);
+	leftovers = !no_children_left();
+	if (alive) {
+		kill((pid_t)pid, SIGKILL);
+		waitpid((pid_t)pid, NULL, 0);
+	}
+
+	/* The probe's consumer left its queue and exchange; this one deletes them. */
+	snprintf(ex, sizeof(ex), "%s_ex", table);
+	snprintf(q, sizeof(q), "%s_q", table);
+	consumer_stop(consumer_start(harness_amqp_url(), q, ex, "topic", "#"));
+	{
+		PGconn *c = harness_pg_connect();
+
+		harness_pg_exec(c, "DROP TABLE IF EXISTS %s CASCADE", table);
+		PQfinish(c);
+	}
+	cr_assert_not(alive, "relay %ld (table %s) still runs after its test failed", pid, table);
+	cr_assert_not(leftovers, "a process the failed test started is still running");
+}
+
+Test(harness, failed_assert_ends_the_processes_it_started, .timeout = 300)
+{
+	const char *table = getenv(PROBE_ENV);
+
+	if (table != NULL)
+		probe_child(table, false);
+	else
+		run_probe("failed_assert_ends_the_processes_it_started");
+}
+
+Test(harness, killed_test_ends_the_processes_it_started, .timeout = 300)
+{
+	const char *table = getenv(PROBE_ENV);
+
+	if (table != NULL)
+		probe_child(table, true);
+	else
+		run_probe("killed_test_ends_the_processes_it_started");
 }

@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,6 +24,10 @@ extern char **environ;
 /* Cap on a formatted SQL statement or command line; tests build small ones. */
 #define HARNESS_SQL_MAX (64 * 1024)
 #define HARNESS_ENV_MAX 64
+/* Processes of one test running at once (relays, programs, commands); far above any test. */
+#define HARNESS_MAX_CHILDREN 256
+/* How long the exit handler waits for the processes it killed before giving up on them. */
+#define HARNESS_EXIT_REAP_MS 10000
 
 const char *harness_require_env(const char *name)
 {
@@ -467,35 +473,188 @@ static void build_env(struct envlist *e, const char *table, const char *const *e
 		env_set(e, *p);
 }
 
-/* fork + exec with stdout/stderr to the given files (err_path NULL = same as out). */
+/* ---- every process the harness starts ends with the test process ----
+ *
+ * A failed cr_assert ends criterion's test worker with exit(); a crash, an abort in .init or
+ * a timeout (criterion's runner signals the worker) end it without. Either way a relay it
+ * started must not outlive it: it would go on claiming rows of a table nobody drops and hold
+ * the machine's cores. Two guards:
+ * - every child is registered until it is reaped, and an exit handler SIGKILLs and reaps the
+ *   ones still registered when the process exits (the cr_assert path, and tests that forgot);
+ * - every child asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG), which
+ *   covers the deaths no handler sees. The kernel sends it when the *thread* that forked
+ *   exits, not the process, so every fork happens on one thread of the harness's own that
+ *   lives until the process ends, whichever thread asked for the process.
+ * Threads of the test (consumers, proxies, producers) do not hold the process up: exit()
+ * ends them without a join, and the exit handler touches none of them. */
+
+static pthread_mutex_t children_mu = PTHREAD_MUTEX_INITIALIZER;
+static pid_t children[HARNESS_MAX_CHILDREN]; /* started, not reaped yet */
+static size_t n_children;
+
+/* One fork request, handed to the spawner thread. */
+struct spawn_req {
+	char *const *argv;
+	char *const *envp;
+	int out, err;
+	pid_t pid; /* the child, or -1 with err_no */
+	int err_no;
+	bool done;
+};
+
+static pthread_mutex_t spawn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t spawn_cv = PTHREAD_COND_INITIALIZER;
+static struct spawn_req *spawn_pending; /* guarded by spawn_mu; one request at a time */
+static pid_t spawner_of;                /* the process whose spawner thread runs; 0 = none */
+
+static void children_remove(pid_t pid)
+{
+	pthread_mutex_lock(&children_mu);
+	for (size_t i = 0; i < n_children; i++) {
+		if (children[i] == pid) {
+			children[i] = children[--n_children];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&children_mu);
+}
+
+/* Runs in the process's exit path: no criterion calls (the test is over) and a bounded wait,
+ * so a child stuck in the kernel cannot hold the exit up either. */
+static void kill_children(void)
+{
+	pid_t pids[HARNESS_MAX_CHILDREN];
+	size_t n, left;
+	int64_t deadline;
+
+	if (spawner_of != getpid())
+		return; /* a copy of the handler in a forked child that never exec'd */
+	pthread_mutex_lock(&children_mu);
+	n = n_children;
+	memcpy(pids, children, n * sizeof(pids[0]));
+	n_children = 0;
+	pthread_mutex_unlock(&children_mu);
+	if (n == 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		kill(pids[i], SIGKILL);
+	deadline = harness_now_ms() + HARNESS_EXIT_REAP_MS;
+	do {
+		left = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == 0)
+				left++;
+			else
+				pids[i] = 0;
+		}
+		if (left > 0)
+			harness_sleep_ms(10);
+	} while (left > 0 && harness_now_ms() < deadline);
+	fprintf(stderr, "harness: killed %zu process(es) still running at exit%s\n", n,
+	        left > 0 ? ", some not reaped" : "");
+}
+
+/* In the child between fork and execve: only async-signal-safe calls, the test process has
+ * threads. */
+static void exec_child(const struct spawn_req *req, pid_t parent)
+{
+	sigset_t none;
+	int devnull;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* The parent may have died before the line above: then no signal will come. */
+	if (getppid() != parent)
+		_exit(127);
+	/* The spawner thread's mask is the test thread's at its creation; a relay must start
+	 * with every signal deliverable, SIGTERM above all. */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	devnull = open("/dev/null", O_RDONLY);
+	if (devnull >= 0)
+		dup2(devnull, 0);
+	dup2(req->out, 1);
+	dup2(req->err, 2);
+	execve(req->argv[0], req->argv, req->envp);
+	_exit(127);
+}
+
+/* The spawner thread: forks whatever is asked, for as long as the process lives. */
+static void *spawner_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&spawn_mu);
+	for (;;) {
+		struct spawn_req *req;
+		pid_t parent = getpid();
+
+		while (spawn_pending == NULL || spawn_pending->done)
+			pthread_cond_wait(&spawn_cv, &spawn_mu);
+		req = spawn_pending;
+		pthread_mutex_lock(&children_mu);
+		if (n_children == HARNESS_MAX_CHILDREN) {
+			req->pid = -1;
+			req->err_no = EAGAIN;
+		} else {
+			req->pid = fork();
+			req->err_no = errno;
+			if (req->pid == 0)
+				exec_child(req, parent);
+			if (req->pid > 0)
+				children[n_children++] = req->pid;
+		}
+		pthread_mutex_unlock(&children_mu);
+		req->done = true;
+		pthread_cond_broadcast(&spawn_cv);
+	}
+	return NULL;
+}
+
+/* fork + exec with stdout/stderr to the given files (err_path NULL = same as out), on the
+ * spawner thread; the child is registered until reaped (reap()). */
 static pid_t spawn(char *const argv[], char *const envp[], const char *out_path,
                    const char *err_path)
 {
-	pid_t pid;
-	int out, err;
+	struct spawn_req req = { .argv = argv, .envp = envp };
+	int rc = 0;
 
-	out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	cr_assert(out >= 0, "cannot open %s: %s", out_path, strerror(errno));
-	err = err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : out;
-	cr_assert(err >= 0, "cannot open %s: %s", err_path, strerror(errno));
+	req.out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	cr_assert(req.out >= 0, "cannot open %s: %s", out_path, strerror(errno));
+	req.err =
+	        err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : req.out;
+	cr_assert(req.err >= 0, "cannot open %s: %s", err_path, strerror(errno));
 	fflush(NULL);
-	pid = fork();
-	cr_assert(pid >= 0, "fork failed: %s", strerror(errno));
-	if (pid == 0) {
-		int devnull = open("/dev/null", O_RDONLY);
+	pthread_mutex_lock(&spawn_mu);
+	/* Once per process: the worker criterion forks for a test starts without the thread. */
+	if (spawner_of != getpid()) {
+		pthread_attr_t attr;
+		pthread_t t;
 
-		/* Only async-signal-safe calls from here: the test process may have threads. */
-		if (devnull >= 0)
-			dup2(devnull, 0);
-		dup2(out, 1);
-		dup2(err, 2);
-		execve(argv[0], argv, envp);
-		_exit(127);
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		rc = pthread_create(&t, &attr, spawner_main, NULL);
+		pthread_attr_destroy(&attr);
+		if (rc == 0) {
+			spawner_of = getpid();
+			rc = atexit(kill_children);
+		}
 	}
-	close(out);
-	if (err != out)
-		close(err);
-	return pid;
+	if (rc == 0) {
+		while (spawn_pending != NULL)
+			pthread_cond_wait(&spawn_cv, &spawn_mu);
+		spawn_pending = &req;
+		pthread_cond_broadcast(&spawn_cv);
+		while (!req.done)
+			pthread_cond_wait(&spawn_cv, &spawn_mu);
+		spawn_pending = NULL;
+		pthread_cond_broadcast(&spawn_cv);
+	}
+	pthread_mutex_unlock(&spawn_mu);
+	close(req.out);
+	if (req.err != req.out)
+		close(req.err);
+	cr_assert(rc == 0, "cannot start the harness's spawner thread");
+	cr_assert(req.pid > 0, "fork failed: %s", strerror(req.err_no));
+	return req.pid;
 }
 
 static int decode_status(int st)
@@ -516,13 +675,23 @@ static int wait_pid(pid_t pid, int64_t timeout_ms)
 	for (;;) {
 		pid_t r = waitpid(pid, &st, WNOHANG);
 
-		if (r == pid)
+		if (r == pid) {
+			children_remove(pid);
 			return decode_status(st);
+		}
 		cr_assert(r == 0, "waitpid failed: %s", strerror(errno));
 		if (harness_now_ms() >= deadline)
 			return -1;
 		harness_sleep_ms(10);
 	}
+}
+
+/* SIGKILL and reap a child that overran its time. */
+static void kill_pid(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	children_remove(pid);
 }
 
 static void log_dir(char *buf, size_t len)
@@ -737,10 +906,8 @@ void harness_cli(struct harness_output *o, const char *table, const char *const 
 	pid = spawn(argv, e.v, out_path, err_path);
 	env_free(&e);
 	o->status = wait_pid(pid, 60000);
-	if (o->status < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-	}
+	if (o->status < 0)
+		kill_pid(pid);
 	o->out = read_file(out_path);
 	o->err = read_file(err_path);
 	unlink(out_path);
@@ -774,10 +941,8 @@ int harness_shell(const char *fmt, ...)
 	snprintf(out_path, sizeof(out_path), "%s/shell-%ld-%u.out", dir, (long)getpid(), ++seq);
 	pid = spawn(argv, environ, out_path, NULL);
 	st = wait_pid(pid, 180000);
-	if (st < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-	}
+	if (st < 0)
+		kill_pid(pid);
 	if (st != 0) {
 		char *out = read_file(out_path);
 

@@ -2,7 +2,12 @@
  * names, PostgreSQL shortcuts, running the relay binary (daemon or one-shot command) with a
  * clean environment, polling with deadlines and controlling the test servers. Every helper
  * that cannot do its job fails the current criterion test (cr_assert_fail), so tests read as
- * a list of steps without error plumbing. Not thread-safe unless said otherwise. */
+ * a list of steps without error plumbing. Not thread-safe unless said otherwise.
+ *
+ * Every process started here (relays, programs, commands, shells) ends with the test process,
+ * however that ends: the ones still running at exit() are killed and reaped (a failed
+ * cr_assert ends the worker that way), and each one gets SIGKILL from the kernel when the
+ * process dies without an exit (crash, abort, timeout kill). */
 #ifndef OUTBOX_TESTS_HARNESS_H
 #define OUTBOX_TESTS_HARNESS_H
 
