@@ -13,6 +13,7 @@
 #include "config/config_keys.h"
 #include "base/hostport.h"
 #include "base/identifier.h"
+#include "base/redact.h"
 
 #define ERRORS_MAX      200
 #define SECRET_FILE_MAX (64 * 1024)
@@ -673,4 +674,9 @@ void config_value_text(const struct config *c, size_t i, char *buf, size_t n)
 			snprintf(buf, n, "%s", k->choices[c->log_format]);
 		break;
 	}
+}
+
+void config_redact(const char *url_or_conninfo, char *out, size_t n)
+{
+	redact_conninfo(url_or_conninfo, out, n);
 }

@@ -102,8 +102,10 @@ void config_format_duration(int64_t ms, char *buf, size_t n);
  * the config file, `*_FILE` secrets and `enqueue --body-file`. */
 char *config_read_file(const char *path, size_t max, size_t *len, int *err);
 
-/* Copies a URL or libpq conninfo into out with any password replaced by "***":
- * "amqp://u:secret@h/" -> "amqp://u:***@h/", "host=x password=secret" -> "host=x password=***". */
+/* Copies a URL (or a comma-separated list of them) or libpq conninfo into out with every
+ * secret replaced by "***", as redact_conninfo() in base/redact.h does (this is that, kept for
+ * callers of config/): "amqp://u:secret@h/" -> "amqp://u:***@h/",
+ * "host=x password=secret" -> "host=x password=***". */
 void config_redact(const char *url_or_conninfo, char *out, size_t n);
 
 #endif
