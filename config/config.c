@@ -86,7 +86,7 @@ static bool check_string(const struct config_key *k, const char *v)
 	}
 	case CONFIG_CHECK_CHANNEL:
 		return identifier_plain_valid(v);
-	case CONFIG_CHECK_AMQP_URL:
+	case CONFIG_CHECK_AMQP_URLS:
 		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
 	case CONFIG_CHECK_LISTEN:
 		return listen_valid(v);
@@ -139,7 +139,7 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 	case CONFIG_CHECK_CHANNEL:
 		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema");
 		break;
-	case CONFIG_CHECK_AMQP_URL:
+	case CONFIG_CHECK_AMQP_URLS:
 		snprintf(buf, n, "a URL starting with amqp:// or amqps://");
 		break;
 	case CONFIG_CHECK_LISTEN:
@@ -249,7 +249,7 @@ static int assign(struct slot *s, const struct config_key *k, const struct given
 	return 0;
 }
 
-static char *default_relay_id(void)
+char *config_default_relay_id(void)
 {
 	char host[256];
 	char pid[24];
@@ -281,8 +281,8 @@ static int load_defaults(struct slot *slots, struct config_errors *errs)
 		char *computed = NULL;
 		int rc;
 
-		if (!k->def) {
-			computed = default_relay_id();
+		if (k->default_fn) {
+			computed = k->default_fn();
 			if (!computed) {
 				config_errors_add(errs, "%s: out of memory", k->name);
 				return -1;
@@ -370,6 +370,128 @@ static bool env_name_is(const char *entry, size_t name_len, const char *name, co
 	return strncmp(entry, name, len) == 0 && strncmp(entry + len, suffix, strlen(suffix)) == 0;
 }
 
+/* name[0, len) as it goes into an error line. */
+static void safe_name(const char *name, size_t len, char *buf, size_t n)
+{
+	snprintf(buf, n, "%.*s", (int)len, name);
+}
+
+/* Where one OUTBOX_* variable goes: key *idx as a value or, with the _FILE suffix, as the
+ * path of a file holding the value. False when it names no key. */
+static bool env_key(const char *entry, size_t name_len, size_t *idx, bool *is_file)
+{
+	/* The exact name first: OUTBOX_AMQP_TLS_CA_FILE is a key, not a secret file. */
+	for (size_t i = 0; i < config_key_count(); i++) {
+		if (env_name_is(entry, name_len, config_key_env(i), "")) {
+			*idx = i;
+			*is_file = false;
+			return true;
+		}
+	}
+	for (size_t i = 0; i < config_key_count(); i++) {
+		if (env_name_is(entry, name_len, config_key_env(i), "_FILE")) {
+			*idx = i;
+			*is_file = true;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void report_unknown_env(const char *entry, size_t name_len, struct config_errors *errs)
+{
+	char name[128];
+
+	if (env_name_is(entry, name_len, "OUTBOX_CONFIG", "_FILE")) {
+		/* The file's path is not a secret; a _FILE form would only be a second way to
+		 * say the same thing. */
+		config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration variable (env "
+		                        "OUTBOX_CONFIG_FILE); allowed: OUTBOX_CONFIG=<path of the "
+		                        "JSON config file>");
+		return;
+	}
+	/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run silently with
+	 * the default. */
+	safe_name(entry, name_len, name, sizeof(name));
+	config_errors_add(errs,
+	                  "%s: unknown configuration variable (env %s); allowed: OUTBOX_<KEY> or "
+	                  "OUTBOX_<KEY>_FILE for a key listed by `outbox-relay config show`, or "
+	                  "OUTBOX_CONFIG",
+	                  name, name);
+}
+
+/* Sorts the OUTBOX_* variables into plain[i] and file[i] per key (borrowed from env) and
+ * reports the ones that name no key. */
+static void env_collect(const char *const *env, const char **plain, const char **file,
+                        struct config_errors *errs)
+{
+	for (size_t e = 0; env && env[e]; e++) {
+		const char *entry = env[e];
+		const char *eq = strchr(entry, '=');
+		size_t name_len, idx;
+		bool is_file;
+
+		if (!eq || strncmp(entry, ENV_PREFIX, strlen(ENV_PREFIX)) != 0)
+			continue;
+		name_len = (size_t)(eq - entry);
+		if (env_name_is(entry, name_len, "OUTBOX_CONFIG", ""))
+			continue; /* the config file, read before */
+		if (!env_key(entry, name_len, &idx, &is_file))
+			report_unknown_env(entry, name_len, errs);
+		else if (is_file)
+			file[idx] = eq + 1;
+		else
+			plain[idx] = eq + 1;
+	}
+}
+
+/* Key i from OUTBOX_<KEY>_FILE=path: the file's contents are the value. */
+static void env_apply_file(size_t i, const char *path, struct slot *slot,
+                           struct config_errors *errs)
+{
+	const struct config_key *k = config_key_at(i);
+	char source[512];
+	struct given g = { NULL, CONFIG_JSON_STRING, 0, false, source };
+	int err = 0;
+	char *secret = read_secret(path, &err);
+
+	snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, path);
+	if (!secret) {
+		const char *why = err == EINVAL ? "not a text file or too large" : strerror(err);
+
+		config_errors_add(errs,
+		                  "%s: could not read %s_FILE \"%s\": %s (env %s_FILE); allowed: a "
+		                  "readable file holding the value",
+		                  k->name, k->env, path, why, k->env);
+		slot->failed = true;
+		return;
+	}
+	g.text = secret;
+	(void)assign(slot, k, &g, errs);
+	free(secret);
+}
+
+/* Key i from its variables: OUTBOX_<KEY>=value (plain) or OUTBOX_<KEY>_FILE=path (file). */
+static void env_apply(size_t i, const char *plain, const char *file, struct slot *slot,
+                      struct config_errors *errs)
+{
+	const struct config_key *k = config_key_at(i);
+	char source[512];
+	struct given g = { plain, CONFIG_JSON_STRING, 0, false, source };
+
+	if (plain && file) {
+		config_errors_add(
+		        errs, "%s: both %s and %s_FILE are set (env); allowed: only one of them",
+		        k->name, k->env, k->env);
+		slot->failed = true;
+	} else if (plain) {
+		snprintf(source, sizeof(source), "env %s", k->env);
+		(void)assign(slot, k, &g, errs);
+	} else if (file) {
+		env_apply_file(i, file, slot, errs);
+	}
+}
+
 static void load_env(const char *const *env, struct slot *slots, struct config_errors *errs)
 {
 	size_t nkeys = config_key_count();
@@ -380,86 +502,9 @@ static void load_env(const char *const *env, struct slot *slots, struct config_e
 		config_errors_add(errs, "environment: out of memory");
 		goto out;
 	}
-	for (size_t e = 0; env && env[e]; e++) {
-		const char *entry = env[e];
-		const char *eq = strchr(entry, '=');
-		size_t name_len;
-		bool known = false;
-
-		if (!eq || strncmp(entry, ENV_PREFIX, strlen(ENV_PREFIX)) != 0)
-			continue;
-		name_len = (size_t)(eq - entry);
-		if (env_name_is(entry, name_len, "OUTBOX_CONFIG", ""))
-			continue;
-		/* The exact name first: OUTBOX_AMQP_TLS_CA_FILE is a key, not a secret file. */
-		for (size_t i = 0; i < nkeys && !known; i++) {
-			if (env_name_is(entry, name_len, config_key_env(i), "")) {
-				plain[i] = eq + 1;
-				known = true;
-			}
-		}
-		for (size_t i = 0; i < nkeys && !known; i++) {
-			if (env_name_is(entry, name_len, config_key_env(i), "_FILE")) {
-				file[i] = eq + 1;
-				known = true;
-			}
-		}
-		if (!known && env_name_is(entry, name_len, "OUTBOX_CONFIG", "_FILE")) {
-			/* The file's path is not a secret; a _FILE form would only be a second
-			 * way to say the same thing. */
-			config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration "
-			                        "variable (env OUTBOX_CONFIG_FILE); allowed: "
-			                        "OUTBOX_CONFIG=<path of the JSON config file>");
-			continue;
-		}
-		if (!known) {
-			/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run
-			 * silently with the default. */
-			config_errors_add(errs,
-			                  "%.*s: unknown configuration variable "
-			                  "(env %.*s); allowed: OUTBOX_<KEY> or OUTBOX_<KEY>_FILE "
-			                  "for a key listed by `outbox-relay config show`, or "
-			                  "OUTBOX_CONFIG",
-			                  (int)name_len, entry, (int)name_len, entry);
-		}
-	}
-	for (size_t i = 0; i < nkeys; i++) {
-		const struct config_key *k = config_key_at(i);
-		char source[512];
-		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, source };
-
-		if (plain[i] && file[i]) {
-			config_errors_add(errs,
-			                  "%s: both %s and %s_FILE are set (env); allowed: "
-			                  "only one of them",
-			                  k->name, k->env, k->env);
-			slots[i].failed = true;
-		} else if (plain[i]) {
-			snprintf(source, sizeof(source), "env %s", k->env);
-			g.text = plain[i];
-			(void)assign(&slots[i], k, &g, errs);
-		} else if (file[i]) {
-			int err = 0;
-			char *secret = read_secret(file[i], &err);
-
-			snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, file[i]);
-			if (!secret) {
-				const char *why = err == EINVAL ? "not a text file or too large"
-				                                : strerror(err);
-
-				config_errors_add(errs,
-				                  "%s: could not read %s_FILE \"%s\": %s "
-				                  "(env %s_FILE); allowed: a readable file "
-				                  "holding the value",
-				                  k->name, k->env, file[i], why, k->env);
-				slots[i].failed = true;
-				continue;
-			}
-			g.text = secret;
-			(void)assign(&slots[i], k, &g, errs);
-			free(secret);
-		}
-	}
+	env_collect(env, plain, file, errs);
+	for (size_t i = 0; i < nkeys; i++)
+		env_apply(i, plain[i], file[i], &slots[i], errs);
 out:
 	free(plain);
 	free(file);
@@ -496,19 +541,14 @@ static void load_sets(const struct config_sources *src, struct slot *slots,
 	}
 }
 
-static size_t slot_index(const char *name)
-{
-	int idx = config_key_index(name);
-
-	return idx < 0 ? 0 : (size_t)idx;
-}
+#define SLOT(slots, f) (&(slots)[config_key_by_field(offsetof(struct config, f))])
 
 static void check_rules(struct slot *slots, struct config_errors *errs)
 {
-	const struct slot *lease = &slots[slot_index("relay.lease")];
-	const struct slot *confirm = &slots[slot_index("amqp.confirm_timeout")];
-	const struct slot *bmin = &slots[slot_index("relay.retry_backoff_min")];
-	const struct slot *bmax = &slots[slot_index("relay.retry_backoff_max")];
+	const struct slot *lease = SLOT(slots, relay_lease_ms);
+	const struct slot *confirm = SLOT(slots, amqp_confirm_timeout_ms);
+	const struct slot *bmin = SLOT(slots, relay_retry_backoff_min_ms);
+	const struct slot *bmax = SLOT(slots, relay_retry_backoff_max_ms);
 	char v[32];
 
 	/* A lease shorter than the confirm wait lets another relay claim rows that are still
@@ -548,8 +588,6 @@ static struct config *build(struct slot *slots)
 		/* Ownership moves from the slot to the snapshot. */
 		c->sources[i] = slots[i].source;
 		slots[i].source = NULL;
-		if (k->field == CONFIG_NO_FIELD)
-			continue;
 		switch (k->type) {
 		case CONFIG_STRING:
 			*(char **)(void *)(base + k->field) = slots[i].text;
@@ -563,14 +601,10 @@ static struct config *build(struct slot *slots)
 			*(bool *)(void *)(base + k->field) = slots[i].flag;
 			break;
 		case CONFIG_ENUM:
+			*(int *)(void *)(base + k->field) = (int)slots[i].num;
 			break;
 		}
 	}
-	c->relay_ordering = slots[slot_index("relay.ordering")].num == 1 ? CONFIG_ORDERING_SKIP_DEAD
-	                                                                 : CONFIG_ORDERING_STRICT;
-	c->log_level = (enum config_log_level)slots[slot_index("log.level")].num;
-	c->log_format =
-	        slots[slot_index("log.format")].num == 1 ? CONFIG_LOG_JSON : CONFIG_LOG_TEXT;
 	return c;
 }
 
@@ -625,7 +659,7 @@ void config_free(struct config *c)
 	for (size_t i = 0; i < config_key_count(); i++) {
 		const struct config_key *k = config_key_at(i);
 
-		if (k->type == CONFIG_STRING && k->field != CONFIG_NO_FIELD)
+		if (k->type == CONFIG_STRING)
 			free(*(char **)(void *)((char *)c + k->field));
 		if (c->sources)
 			free(c->sources[i]);
@@ -666,12 +700,7 @@ void config_value_text(const struct config *c, size_t i, char *buf, size_t n)
 		         *(const bool *)(const void *)(base + k->field) ? "true" : "false");
 		break;
 	case CONFIG_ENUM:
-		if (strcmp(k->name, "relay.ordering") == 0)
-			snprintf(buf, n, "%s", k->choices[c->relay_ordering]);
-		else if (strcmp(k->name, "log.level") == 0)
-			snprintf(buf, n, "%s", k->choices[c->log_level]);
-		else
-			snprintf(buf, n, "%s", k->choices[c->log_format]);
+		snprintf(buf, n, "%s", k->choices[*(const int *)(const void *)(base + k->field)]);
 		break;
 	}
 }

@@ -9,36 +9,46 @@
 
 #include "config/config.h"
 
-enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_BOOL, CONFIG_DURATION, CONFIG_ENUM };
+enum config_type {
+	CONFIG_STRING,   /* char * */
+	CONFIG_INT,      /* int64_t */
+	CONFIG_BOOL,     /* bool */
+	CONFIG_DURATION, /* int64_t milliseconds */
+	CONFIG_ENUM,     /* an int-sized enum; the value is the index of the choice */
+};
 
 /* Checks beyond the type that a string key needs. */
 enum config_check {
 	CONFIG_CHECK_NONE,
-	CONFIG_CHECK_TABLE,    /* identifier, optionally schema-qualified */
-	CONFIG_CHECK_CHANNEL,  /* plain identifier */
-	CONFIG_CHECK_AMQP_URL, /* amqp:// or amqps:// */
-	CONFIG_CHECK_LISTEN,   /* "" or host:port */
-	CONFIG_CHECK_RELAY_ID, /* 1..64 bytes: it is written to locked_by VARCHAR(64) */
+	CONFIG_CHECK_TABLE,     /* identifier, optionally schema-qualified */
+	CONFIG_CHECK_CHANNEL,   /* plain identifier */
+	CONFIG_CHECK_AMQP_URLS, /* amqp:// or amqps:// URLs separated by commas */
+	CONFIG_CHECK_LISTEN,    /* "" or host:port */
+	CONFIG_CHECK_RELAY_ID,  /* 1..64 bytes: it is written to locked_by VARCHAR(64) */
 };
 
-#define CONFIG_NO_FIELD ((size_t)-1)
-
+/* One row of the key table. Rows are written with designated initialisers: whatever a row
+ * does not name is zero (no bounds, not sensitive, no check). */
 struct config_key {
 	const char *name;
 	const char *env; /* OUTBOX_ + name upper-cased, '.' -> '_' */
 	enum config_type type;
-	const char *def;            /* default as text; NULL = computed at load (relay.id) */
+	const char *def;            /* default as text; NULL when default_fn computes it */
+	char *(*default_fn)(void);  /* a new string (NULL when out of memory), e.g. hostname:pid */
 	int64_t min, max;           /* int: value bounds; duration: milliseconds */
 	bool zero_ok;               /* duration: 0 is allowed besides min..max */
-	bool sensitive;             /* value never printed; shown through config_redact */
+	bool sensitive;             /* value never printed but through redact_conninfo() */
 	const char *const *choices; /* enum: NULL-terminated names, index = enum value */
 	enum config_check check;
-	size_t field; /* offsetof in struct config, or CONFIG_NO_FIELD (enums) */
+	size_t field; /* offsetof in struct config; its C type follows from type */
 	const char *help;
 };
 
 /* Row i of the table (borrowed, static). i must be < config_key_count(). */
 const struct config_key *config_key_at(size_t i);
+/* Index of the key stored at offset field of struct config (offsetof). The field must be one
+ * of the table's: cross-key rules name keys by their field, never by their name. */
+size_t config_key_by_field(size_t field);
 /* True when path names a section that holds keys ("relay", "amqp.tls"). */
 bool config_key_is_section(const char *path);
 
@@ -83,6 +93,9 @@ int config_parse_int(const char *s, int64_t *out) __attribute__((warn_unused_res
 int config_parse_bool(const char *s, bool *out) __attribute__((warn_unused_result));
 int config_parse_enum(const char *s, const char *const *choices, int64_t *out)
         __attribute__((warn_unused_result));
+
+/* relay.id's default: "hostname:pid", cut to fit locked_by. New string, NULL on no memory. */
+char *config_default_relay_id(void);
 
 /* Appends one formatted line to errs. Returns 0, or -1 when out of memory or when the list is
  * full (then the line is dropped: a start-up that already failed needs no more). */

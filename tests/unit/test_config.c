@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 
 #include "config/config.h"
+#include "config/config_keys.h"
 #include "base/identifier.h"
 
 static struct config_errors errs;
@@ -575,4 +576,37 @@ Test(config, value_text_redacts_and_formats)
 			seen_secret = true;
 	}
 	cr_assert_not(seen_secret);
+}
+
+/* Every row of the key table stands on its own: named, documented, with a default, a field
+ * of its own (cross-key rules and enums find keys by field, never by name) and sane bounds. */
+Test(config, key_rows_are_complete)
+{
+	for (size_t i = 0; i < config_key_count(); i++) {
+		const struct config_key *k = config_key_at(i);
+
+		cr_assert_not_null(k->name);
+		cr_assert_not_null(k->env, "%s", k->name);
+		cr_assert_not_null(k->help, "%s", k->name);
+		cr_assert((k->def != NULL) != (k->default_fn != NULL), "%s: one default", k->name);
+		cr_assert_eq(config_key_by_field(k->field), i, "%s: field shared", k->name);
+		cr_assert_leq(k->min, k->max, "%s", k->name);
+		cr_assert_eq(k->choices != NULL, k->type == CONFIG_ENUM, "%s: choices", k->name);
+		cr_assert(k->check == CONFIG_CHECK_NONE || k->type == CONFIG_STRING, "%s", k->name);
+		if (k->type == CONFIG_INT || k->type == CONFIG_DURATION)
+			cr_assert_gt(k->max, 0, "%s: no bounds", k->name);
+	}
+}
+
+Test(config, enum_values_round_trip)
+{
+	const char *sets[] = { "log.level=error", "log.format=json", "relay.ordering=skip-dead" };
+
+	cr_assert_not_null(load(NULL, NULL, sets, 3));
+	cr_assert_eq(cfg->log_level, CONFIG_LOG_ERROR);
+	cr_assert_eq(cfg->log_format, CONFIG_LOG_JSON);
+	cr_assert_eq(cfg->relay_ordering, CONFIG_ORDERING_SKIP_DEAD);
+	cr_assert_str_eq(value((size_t)config_key_index("log.level")), "error");
+	cr_assert_str_eq(value((size_t)config_key_index("log.format")), "json");
+	cr_assert_str_eq(value((size_t)config_key_index("relay.ordering")), "skip-dead");
 }
