@@ -7,8 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/ordering_load.h"
 
 #define DELIVERY_TIMEOUT_MS 300000
@@ -34,64 +33,45 @@ Test(ordering_kill, sigkill_never_reorders_a_key, .timeout = 800)
 	/* Kill after these many unique deliveries; the rounds marked two kill two relays. */
 	const size_t at[] = { 800, 2000, 3500, 5000, 6500, 8000 };
 	const int two[] = { 0, 1, 0, 1, 0, 1 };
-	char table[48], exchange[64], queue[64];
-	struct harness_relay *relay[N_RELAYS];
 	struct ordering_load *load;
-	struct consumer *cons;
-	PGconn *pg;
+	struct fixture fx;
 	int kills = 0;
 
-	harness_unique_name(table, sizeof(table), "ord_kill");
-	snprintf(exchange, sizeof(exchange), "%s_ex", table);
-	snprintf(queue, sizeof(queue), "%s_q", table);
-	pg = harness_pg_connect();
-	harness_migrate(table);
-	cons = consumer_start(harness_amqp_url(), queue, exchange, "topic", "#");
+	fixture_setup(&fx, "ord_kill", NULL);
 	for (int i = 0; i < N_RELAYS; i++)
-		relay[i] = harness_relay_start(table, relay_env, NULL);
+		fixture_relay_start(&fx, relay_env);
 
-	load = ordering_load_start(table, exchange, keys, per_key, 8, 77u);
+	load = ordering_load_start(fx.table, fx.exchange, keys, per_key, 8, 77u);
 	for (size_t r = 0; r < sizeof(at) / sizeof(at[0]); r++) {
 		int victim = (int)(r % N_RELAYS);
 
-		if (!consumer_wait_unique(cons, at[r], DELIVERY_TIMEOUT_MS)) {
-			for (int i = 0; i < N_RELAYS; i++)
-				harness_relay_dump_log(relay[i]);
+		if (!consumer_wait_unique(fx.cons, at[r], DELIVERY_TIMEOUT_MS)) {
+			fixture_dump_logs(&fx);
 			cr_assert_fail("only %zu messages arrived before kill round %zu",
-			               consumer_unique(cons), r);
+			               consumer_unique(fx.cons), r);
 		}
-		restart(&relay[victim], table);
+		restart(&fx.relays[victim], fx.table);
 		kills++;
 		if (two[r]) {
-			restart(&relay[(victim + 1) % N_RELAYS], table);
+			restart(&fx.relays[(victim + 1) % N_RELAYS], fx.table);
 			kills++;
 		}
 	}
 	ordering_load_join(load);
 
-	if (!consumer_wait_unique(cons, n, DELIVERY_TIMEOUT_MS)) {
-		for (int i = 0; i < N_RELAYS; i++)
-			harness_relay_dump_log(relay[i]);
-		cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(cons), n);
+	if (!consumer_wait_unique(fx.cons, n, DELIVERY_TIMEOUT_MS)) {
+		fixture_dump_logs(&fx);
+		cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(fx.cons), n);
 	}
-	HARNESS_WAIT(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            table) == 0,
+	HARNESS_WAIT(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            fx.table) == 0,
 	             60000);
-	cr_assert_eq(
-	        harness_pg_int(pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", table), 0,
-	        "rows left unpublished");
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            fx.table),
+	             0, "rows left unpublished");
 	harness_sleep_ms(1000);
 	fprintf(stderr, "ordering_kill: %d relays killed, %zu deliveries, %zu duplicates\n", kills,
-	        consumer_received(cons), consumer_duplicates(cons));
-	ordering_check(pg, table, NULL, &cons, 1, true, "ordering_kill");
-
-	for (int i = 0; i < N_RELAYS; i++) {
-		char name[32];
-
-		snprintf(name, sizeof(name), "relay %d", i);
-		harness_relay_finish(relay[i], name);
-	}
-	consumer_stop(cons);
-	harness_pg_exec(pg, "DROP TABLE IF EXISTS %s CASCADE", table);
-	PQfinish(pg);
+	        consumer_received(fx.cons), consumer_duplicates(fx.cons));
+	ordering_check(fx.pg, fx.table, NULL, &fx.cons, 1, true, "ordering_kill");
+	fixture_teardown(&fx);
 }

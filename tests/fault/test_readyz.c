@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
 
 #define EXIT_TIMEOUT_MS  30000
@@ -59,23 +59,20 @@ static void wait_readyz(struct harness_relay *relay, const char *listen, int wan
 
 Test(fault, readyz_follows_the_broker, .timeout = 600, .fini = restore_broker)
 {
-	char table[48], listen[64], e_listen[96];
+	char listen[64], e_listen[96];
 	struct harness_relay *relay;
 	struct probe_reply r;
-	PGconn *pg;
+	struct fixture fx;
 	int st;
 
-	harness_unique_name(table, sizeof(table), "fault_readyz");
+	/* No consumer: nothing is published, and the broker is stopped under it. */
+	fixture_setup(&fx, "fault_readyz", &(struct fixture_options){ .no_consumer = true });
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", listen);
-	pg = harness_pg_connect();
-	harness_migrate(table);
 	/* A short heartbeat makes an idle relay notice the lost connection soon. */
-	relay = harness_relay_start(table,
-	                            (const char *const[]){ e_listen, "OUTBOX_AMQP_HEARTBEAT=2s",
-	                                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                   NULL },
-	                            NULL);
+	relay = fixture_relay_start(
+	        &fx, (const char *const[]){ e_listen, "OUTBOX_AMQP_HEARTBEAT=2s",
+	                                    "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 
 	wait_readyz(relay, listen, 200, "at start");
 	r = probe_get(listen, "/readyz");
@@ -109,7 +106,5 @@ Test(fault, readyz_follows_the_broker, .timeout = 600, .fini = restore_broker)
 	if (st != 0)
 		harness_relay_dump_log(relay);
 	cr_assert_eq(st, 0, "relay exited with %d", st);
-	harness_relay_free(relay);
-	harness_pg_exec(pg, "DROP TABLE IF EXISTS %s CASCADE", table);
-	PQfinish(pg);
+	fixture_teardown(&fx);
 }

@@ -9,53 +9,49 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define ROWS                300
 #define DELIVERY_TIMEOUT_MS 120000
 
 Test(consumer_example, inbox_mode_does_each_message_once, .timeout = 300)
 {
-	char table[48], inbox[64], exchange[64], queue[64], count_q[64], db_env[600], inbox_env[96];
+	char inbox[64], queue[64], db_env[600], inbox_env[96];
 	const char *const env[] = { db_env, inbox_env, NULL };
-	struct harness_relay *relay, *example;
-	struct consumer *count;
-	PGconn *pg = harness_pg_connect();
+	struct harness_relay *example;
+	struct fixture fx;
 
-	harness_unique_name(table, sizeof(table), "cx");
-	snprintf(inbox, sizeof(inbox), "%s_inbox", table);
-	snprintf(exchange, sizeof(exchange), "%s_ex", table);
-	snprintf(queue, sizeof(queue), "%s_q", table);
-	snprintf(count_q, sizeof(count_q), "%s_count", table);
+	/* fx.cons counts what the broker delivers; the example consumes a queue of its own. */
+	fixture_setup(&fx, "cx", NULL);
+	snprintf(inbox, sizeof(inbox), "%s_inbox", fx.table);
+	snprintf(queue, sizeof(queue), "%s_example", fx.table);
 	snprintf(db_env, sizeof(db_env), "INBOX_DATABASE_URL=%s", harness_pg_conninfo());
 	snprintf(inbox_env, sizeof(inbox_env), "INBOX_TABLE=%s", inbox);
 
-	count = consumer_start(harness_amqp_url(), count_q, exchange, "topic", "#");
-	example = harness_program_start(
-	        harness_require_env("RELAY_TEST_CONSUMER_BIN"),
-	        (const char *const[]){ harness_amqp_url(), queue, exchange, "cx.#", "240", NULL },
-	        env, "example-consumer");
+	example = harness_program_start(harness_require_env("RELAY_TEST_CONSUMER_BIN"),
+	                                (const char *const[]){ harness_amqp_url(), queue,
+	                                                       fx.exchange, "cx.#", "240", NULL },
+	                                env, "example-consumer");
 	if (!harness_relay_wait_log(example, "deduplicating in the database", 30000))
 		harness_relay_dump_log(example);
 	cr_assert(harness_relay_log_count(example, "deduplicating in the database") == 1,
 	          "the example consumer did not start in database mode");
-	cr_assert_eq(harness_pg_int(pg, "SELECT count(*) FROM %s", inbox), 0,
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", inbox), 0,
 	             "the consumer did not create its inbox table");
 
-	harness_migrate(table);
-	harness_insert_rows(pg, table, ROWS, exchange, "cx.rk", "cx", NULL, NULL);
-	relay = harness_relay_start(table, NULL, NULL);
-	cr_assert(consumer_wait_unique(count, ROWS, DELIVERY_TIMEOUT_MS), "only %zu of %d arrived",
-	          consumer_unique(count), ROWS);
-	HARNESS_WAIT(harness_pg_int(pg, "SELECT count(*) FROM %s WHERE confirmed_at IS NOT NULL",
+	harness_insert_rows(fx.pg, fx.table, ROWS, fx.exchange, "cx.rk", "cx", NULL, NULL);
+	fixture_relay_start(&fx, NULL);
+	cr_assert(consumer_wait_unique(fx.cons, ROWS, DELIVERY_TIMEOUT_MS),
+	          "only %zu of %d arrived", consumer_unique(fx.cons), ROWS);
+	HARNESS_WAIT(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE confirmed_at IS NOT NULL",
 	                            inbox) == ROWS,
 	             DELIVERY_TIMEOUT_MS);
 
 	/* Every row published again: each message now reaches the consumer a second time. */
-	harness_pg_exec(pg, "UPDATE %s SET published_at = NULL", table);
-	HARNESS_WAIT(consumer_received(count) >= 2 * ROWS, DELIVERY_TIMEOUT_MS);
-	cr_assert_eq(consumer_received(count), 2 * ROWS, "the broker did not deliver the repeats");
+	harness_pg_exec(fx.pg, "UPDATE %s SET published_at = NULL", fx.table);
+	HARNESS_WAIT(consumer_received(fx.cons) >= 2 * ROWS, DELIVERY_TIMEOUT_MS);
+	cr_assert_eq(consumer_received(fx.cons), 2 * ROWS,
+	             "the broker did not deliver the repeats");
 	HARNESS_WAIT(harness_relay_log_count(example, "duplicate message_id=") >= ROWS,
 	             DELIVERY_TIMEOUT_MS);
 	if (harness_relay_log_count(example, "duplicate message_id=") != ROWS)
@@ -65,19 +61,16 @@ Test(consumer_example, inbox_mode_does_each_message_once, .timeout = 300)
 	cr_assert_eq(harness_relay_log_count(example, "duplicate message_id="), ROWS);
 	cr_assert_eq(harness_relay_log_count(example, "received message_id="), ROWS);
 	cr_assert_eq(harness_relay_log_count(example, "requeued"), 0);
-	cr_assert_eq(harness_pg_int(pg,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM %s i JOIN %s o ON o.id = i.message_id"
 	                            " WHERE i.confirmed_at IS NOT NULL",
-	                            inbox, table),
+	                            inbox, fx.table),
 	             ROWS, "every outbox id is confirmed once in the inbox");
-	cr_assert_eq(harness_pg_int(pg, "SELECT count(*) FROM %s", inbox), ROWS);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", inbox), ROWS);
 
-	harness_relay_finish(relay, "relay");
 	/* The example has no orderly stop of its own: SIGTERM ends it. */
 	cr_assert_eq(harness_relay_stop(example, SIGTERM, 30000), 128 + SIGTERM);
 	harness_relay_free(example);
-	consumer_stop(count);
-	harness_pg_exec(pg, "DROP TABLE %s", inbox);
-	harness_pg_exec(pg, "DROP TABLE %s CASCADE", table);
-	PQfinish(pg);
+	harness_pg_exec(fx.pg, "DROP TABLE %s", inbox);
+	fixture_teardown(&fx);
 }

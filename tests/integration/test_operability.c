@@ -8,8 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
@@ -19,52 +18,35 @@
 #define GAUGE_TIMEOUT_MS 30000
 #define ROWS             30
 
+/* The fixture, the address of the relay's HTTP server, and the relay (borrowed from fx). */
 struct op {
-	char table[48], exchange[64], queue[64];
+	struct fixture fx;
 	char listen[64], e_listen[96];
-	PGconn *pg;
-	struct consumer *cons;
 	struct harness_relay *relay;
 };
 
 static void op_setup(struct op *t, const char *prefix)
 {
 	memset(t, 0, sizeof(*t));
-	harness_unique_name(t->table, sizeof(t->table), prefix);
-	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
-	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
+	fixture_setup(&t->fx, prefix, NULL);
 	snprintf(t->listen, sizeof(t->listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(t->e_listen, sizeof(t->e_listen), "OUTBOX_HTTP_LISTEN=%s", t->listen);
-	t->pg = harness_pg_connect();
-	harness_migrate(t->table);
-	t->cons = consumer_start(harness_amqp_url(), t->queue, t->exchange, "topic", "#");
-}
-
-/* Stops the relay if the test has not; an orderly exit must be status 0. */
-static void op_teardown(struct op *t)
-{
-	harness_relay_finish(t->relay, "relay");
-	consumer_stop(t->cons);
-	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
-	PQfinish(t->pg);
 }
 
 /* ROWS routable rows and one that no queue is bound for. */
 static void insert_workload(struct op *t, const char *unroutable_id)
 {
-	harness_insert_rows(t->pg, t->table, ROWS, t->exchange, "op.created", "op", NULL, NULL);
-	harness_pg_exec(t->pg,
+	harness_insert_rows(t->fx.pg, t->fx.table, ROWS, t->fx.exchange, "op.created", "op", NULL,
+	                    NULL);
+	harness_pg_exec(t->fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body) "
 	                "VALUES ('%s', 'amq.direct', 'nobody.listens.%s', '{}')",
-	                t->table, unroutable_id, t->table);
+	                t->fx.table, unroutable_id, t->fx.table);
 }
 
 static void expect_delivered(struct op *t, size_t n)
 {
-	if (consumer_wait_unique(t->cons, n, DELIVERY_TIMEOUT_MS))
-		return;
-	harness_relay_dump_log(t->relay);
-	cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(t->cons), n);
+	fixture_expect_unique(&t->fx, t->fx.cons, n, DELIVERY_TIMEOUT_MS);
 }
 
 static bool ready(void *arg)
@@ -117,11 +99,11 @@ static bool settled(void *arg)
 {
 	struct settle *s = arg;
 	char *m = scrape(s->t);
-	bool ok =
-	        sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
-	        sample(m, "outbox_relay_dead_rows") == 1 &&
-	        sample(m, "outbox_relay_pending_rows") == 0 &&
-	        sample(m, "outbox_relay_published_total") == (double)consumer_received(s->t->cons);
+	bool ok = sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
+	          sample(m, "outbox_relay_dead_rows") == 1 &&
+	          sample(m, "outbox_relay_pending_rows") == 0 &&
+	          sample(m, "outbox_relay_published_total") ==
+	                  (double)consumer_received(s->t->fx.cons);
 
 	s->published = sample(m, "outbox_relay_published_total");
 	free(m);
@@ -137,11 +119,9 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 
 	op_setup(&t, "op_metrics");
 	insert_workload(&t, "op-unroutable");
-	t.relay = harness_relay_start(
-	        t.table,
-	        (const char *const[]){ t.e_listen, "OUTBOX_RELAY_MAX_ATTEMPTS=1",
-	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
-	        NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ t.e_listen, "OUTBOX_RELAY_MAX_ATTEMPTS=1",
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	wait_ready(&t);
 	expect_delivered(&t, ROWS);
 
@@ -151,10 +131,11 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 		m = scrape(&t);
 		harness_relay_dump_log(t.relay);
 		cr_assert_fail("metrics never settled (consumer got %zu, published %.0f):\n%s",
-		               consumer_received(t.cons), s.published, m);
+		               consumer_received(t.fx.cons), s.published, m);
 	}
 	m = scrape(&t);
-	cr_assert_eq(sample(m, "outbox_relay_published_total"), (double)consumer_received(t.cons));
+	cr_assert_eq(sample(m, "outbox_relay_published_total"),
+	             (double)consumer_received(t.fx.cons));
 	cr_assert_eq(sample(m, "outbox_relay_published_total"), ROWS, "%s", m);
 	cr_assert_geq(sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 1, "%s", m);
 	cr_assert_geq(sample(m, "outbox_relay_claimed_total"), ROWS + 1, "%s", m);
@@ -170,18 +151,18 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 	cr_assert_eq(sample(m, "outbox_relay_pending_rows"), 0, "%s", m);
 	cr_assert_geq(sample(m, "outbox_relay_oldest_pending_age_seconds"), 0, "%s", m);
 	free(m);
-	cr_assert_eq(harness_pg_int(t.pg,
+	cr_assert_eq(harness_pg_int(t.fx.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
 	                            "AND attempts >= 1 AND id = 'op-unroutable'",
-	                            t.table),
+	                            t.fx.table),
 	             1, "the unroutable row is the dead one");
 
 	/* The container health check asks the same relay. */
-	harness_cli(&o, t.table, (const char *const[]){ t.e_listen, NULL }, "healthcheck", NULL);
+	harness_cli(&o, t.fx.table, (const char *const[]){ t.e_listen, NULL }, "healthcheck", NULL);
 	cr_assert_eq(o.status, 0, "healthcheck exited %d: %s", o.status, o.err);
 	cr_assert_str_eq(o.out, "ready\n");
 	harness_output_free(&o);
-	op_teardown(&t);
+	fixture_teardown(&t.fx);
 }
 
 Test(operability, healthcheck_fails_when_nothing_listens, .timeout = 60)
@@ -210,23 +191,22 @@ Test(operability, json_logs_parse_line_by_line, .timeout = 300)
 	op_setup(&t, "op_json");
 	insert_workload(&t, "op-json-unroutable");
 	/* Debug adds the most kinds of lines; two attempts give a failure and then a death. */
-	t.relay = harness_relay_start(
-	        t.table,
+	t.relay = fixture_relay_start(
+	        &t.fx,
 	        (const char *const[]){ t.e_listen, "OUTBOX_LOG_FORMAT=json",
 	                               "OUTBOX_LOG_LEVEL=debug", "OUTBOX_RELAY_MAX_ATTEMPTS=2",
 	                               "OUTBOX_RELAY_RETRY_BACKOFF_MIN=100ms",
-	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
-	        NULL);
+	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	expect_delivered(&t, ROWS);
-	HARNESS_WAIT(harness_pg_int(t.pg,
+	HARNESS_WAIT(harness_pg_int(t.fx.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
 	                            "AND attempts >= 2",
-	                            t.table) == 1,
+	                            t.fx.table) == 1,
 	             60000);
-	cr_assert_eq(harness_pg_int(t.pg,
+	cr_assert_eq(harness_pg_int(t.fx.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "
 	                            "AND attempts >= 2",
-	                            t.table),
+	                            t.fx.table),
 	             1, "the unroutable row never went dead");
 	st = harness_relay_stop(t.relay, SIGTERM, EXIT_TIMEOUT_MS);
 	cr_assert_eq(st, 0, "relay exited with %d", st);
@@ -265,9 +245,7 @@ Test(operability, json_logs_parse_line_by_line, .timeout = 300)
 	cr_assert_geq(warn, 1, "the failed publish was not logged at warn");
 	cr_assert_geq(error, 1, "the dead row was not logged at error");
 	cr_assert_eq(stopped, 1, "the shutdown was not logged");
-	harness_relay_free(t.relay);
-	t.relay = NULL;
-	op_teardown(&t);
+	fixture_teardown(&t.fx);
 }
 
 /* ---- secrets ---- */
@@ -304,12 +282,10 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	snprintf(e_amqp, sizeof(e_amqp), "OUTBOX_AMQP_URL=amqp://%s:" AMQP_SECRET "@127.0.0.1:%d",
 	         user, harness_amqp_port());
 
-	harness_insert_rows(t.pg, t.table, 5, t.exchange, "op.secret", "sec", NULL, NULL);
-	t.relay = harness_relay_start(t.table,
-	                              (const char *const[]){ e_db, e_amqp, t.e_listen,
-	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                     NULL },
-	                              NULL);
+	harness_insert_rows(t.fx.pg, t.fx.table, 5, t.fx.exchange, "op.secret", "sec", NULL, NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ e_db, e_amqp, t.e_listen,
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	wait_ready(&t);
 	expect_delivered(&t, 5); /* both passwords worked */
 
@@ -317,7 +293,7 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	expect_no_secret("/metrics", text);
 	free(text);
 
-	harness_cli(&o, t.table, (const char *const[]){ e_db, e_amqp, NULL }, "config", "show",
+	harness_cli(&o, t.fx.table, (const char *const[]){ e_db, e_amqp, NULL }, "config", "show",
 	            NULL);
 	cr_assert_eq(o.status, 0, "config show exited %d: %s", o.status, o.err);
 	expect_no_secret("config show", o.out);
@@ -327,7 +303,7 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	cr_assert_not_null(strstr(o.out, user), "%s", o.out);
 	harness_output_free(&o);
 
-	harness_cli(&o, t.table,
+	harness_cli(&o, t.fx.table,
 	            (const char *const[]){ e_db, e_amqp, "OUTBOX_RELAY_BATCH_SIZE=0", NULL }, "run",
 	            NULL);
 	cr_assert_eq(o.status, 2, "a bad batch size must stop the start: %s", o.err);
@@ -337,7 +313,7 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	harness_output_free(&o);
 
 	/* A URL that fails validation is reported without its value. */
-	harness_cli(&o, t.table,
+	harness_cli(&o, t.fx.table,
 	            (const char *const[]){
 	                    e_db, "OUTBOX_AMQP_URL=ampq://x:" AMQP_SECRET "@127.0.0.1:5672", NULL },
 	            "run", NULL);
@@ -353,8 +329,6 @@ Test(operability, passwords_never_shown, .timeout = 300)
 	cr_assert_not_null(strstr(text, "postgresql://postgres:***@"), "%s", text);
 	cr_assert_not_null(strstr(text, ":***@127.0.0.1:"), "%s", text);
 	free(text);
-	harness_relay_free(t.relay);
-	t.relay = NULL;
 	(void)harness_shell("'%s' delete_user '%s' >/dev/null", ctl, user);
-	op_teardown(&t);
+	fixture_teardown(&t.fx);
 }

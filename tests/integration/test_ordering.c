@@ -9,69 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/ordering_load.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 240000
 #define N_RELAYS            3
 
-struct ord {
-	char table[48], exchange[64], queue[64];
-	PGconn *pg;
-	struct consumer *cons;
-	struct harness_relay *relay[N_RELAYS];
-};
-
-/* Own table, exchange and queue, the schema applied, and a consumer bound with binding
- * (NULL = everything) to a topic exchange. */
-static void ord_setup(struct ord *t, const char *prefix, const char *binding)
-{
-	memset(t, 0, sizeof(*t));
-	harness_unique_name(t->table, sizeof(t->table), prefix);
-	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
-	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
-	t->pg = harness_pg_connect();
-	harness_migrate(t->table);
-	t->cons = consumer_start(harness_amqp_url(), t->queue, t->exchange, "topic",
-	                         binding ? binding : "#");
-}
-
-/* Stops the relays (an orderly exit must be status 0: sanitizer reports would show here). */
-static void ord_teardown(struct ord *t)
-{
-	for (int i = 0; i < N_RELAYS; i++) {
-		char name[32];
-
-		snprintf(name, sizeof(name), "relay %d", i);
-		harness_relay_finish(t->relay[i], name);
-		t->relay[i] = NULL;
-	}
-	consumer_stop(t->cons);
-	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
-	PQfinish(t->pg);
-}
-
-static void dump_logs(struct ord *t)
-{
-	for (int i = 0; i < N_RELAYS; i++) {
-		if (t->relay[i])
-			harness_relay_dump_log(t->relay[i]);
-	}
-}
-
-/* Waits for n unique deliveries at c; on timeout dumps the relay logs and fails. */
-static void expect_delivered(struct ord *t, struct consumer *c, size_t n, int64_t timeout_ms)
-{
-	if (consumer_wait_unique(c, n, timeout_ms))
-		return;
-	dump_logs(t);
-	cr_assert_fail("only %zu of %zu messages arrived within %lld ms", consumer_unique(c), n,
-	               (long long)timeout_ms);
-}
-
-static int64_t unpublished(struct ord *t, const char *cond)
+static int64_t unpublished(struct fixture *t, const char *cond)
 {
 	return harness_pg_int(t->pg, "SELECT count(*) FROM %s WHERE published_at IS NULL AND (%s)",
 	                      t->table, cond);
@@ -108,20 +53,18 @@ static void keyed_row(size_t i, struct harness_row *row, void *arg)
 Test(ordering, concurrent_producers_keep_seq_order_per_key, .timeout = 500)
 {
 	const size_t keys = 50, per_key = 200, n = keys * per_key;
-	struct ord t;
+	struct fixture t;
 	struct ordering_load *load;
 	int64_t t0;
 
-	ord_setup(&t, "ord_conc", NULL);
+	fixture_setup(&t, "ord_conc", NULL);
 	for (int i = 0; i < N_RELAYS; i++) {
 		char id[32];
 
 		snprintf(id, sizeof(id), "OUTBOX_RELAY_ID=ord-%d", i);
-		t.relay[i] = harness_relay_start(
-		        t.table,
-		        (const char *const[]){ id, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-		                               "OUTBOX_RELAY_BATCH_SIZE=50", NULL },
-		        NULL);
+		fixture_relay_start(&t,
+		                    (const char *const[]){ id, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+		                                           "OUTBOX_RELAY_BATCH_SIZE=50", NULL });
 	}
 	t0 = harness_now_ms();
 	load = ordering_load_start(t.table, t.exchange, keys, per_key, 8, 20240611u);
@@ -140,13 +83,13 @@ Test(ordering, concurrent_producers_keep_seq_order_per_key, .timeout = 500)
 	        0, "the producers' transactions never interleaved");
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table), (int64_t)n);
 
-	expect_delivered(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1000);
 	ordering_check(t.pg, t.table, NULL, &t.cons, 1, false, "ordering concurrent");
 	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu duplicates", consumer_duplicates(t.cons));
 	HARNESS_WAIT(unpublished(&t, "true") == 0, 30000);
 	cr_assert_eq(unpublished(&t, "true"), 0, "rows left unpublished");
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- 2) keys whose routing fails at first wait; the other keys do not ---- */
@@ -158,20 +101,17 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
 	struct keyed_gen g = { .keys = keys, .n_late = n_late, .late_prefix = "late" };
 	struct consumer *late = NULL;
 	struct consumer *both[2];
-	struct ord t;
+	struct fixture t;
 	char late_q[80];
 	const char *late_keys = "ordering_key IN ('k000', 'k001')";
 
-	ord_setup(&t, "ord_fail", "ok.#");
+	fixture_setup(&t, "ord_fail", &(struct fixture_options){ .binding = "ok.#" });
 	harness_insert_rows(t.pg, t.table, n, t.exchange, NULL, NULL, keyed_row, &g);
-	t.relay[0] = harness_relay_start(
-	        t.table,
-	        (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                               "OUTBOX_RELAY_RETRY_BACKOFF_MIN=200ms",
-	                               "OUTBOX_RELAY_RETRY_BACKOFF_MAX=1s", NULL },
-	        NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                               "OUTBOX_RELAY_RETRY_BACKOFF_MIN=200ms",
+	                                               "OUTBOX_RELAY_RETRY_BACKOFF_MAX=1s", NULL });
 	/* The other keys finish while nothing is bound to "late.#". */
-	expect_delivered(&t, t.cons, n_ok, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, n_ok, DELIVERY_TIMEOUT_MS);
 	/* Each late key's head fails again and again, and nothing behind it is even tried. */
 	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE %s AND attempts >= 2",
 	                            t.table, late_keys) == (int64_t)n_late,
@@ -197,7 +137,7 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
 	/* Bind the late keys: they continue, each in order. */
 	snprintf(late_q, sizeof(late_q), "%s_late", t.queue);
 	late = consumer_start(harness_amqp_url(), late_q, t.exchange, NULL, "late.#");
-	expect_delivered(&t, late, n_late_rows, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, late, n_late_rows, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1000);
 	both[0] = t.cons;
 	both[1] = late;
@@ -205,14 +145,14 @@ Test(ordering, failing_keys_wait_and_other_keys_go_on, .timeout = 300)
 	cr_assert_eq(consumer_duplicates(late), 0);
 	cr_assert_eq(consumer_duplicates(t.cons), 0);
 	consumer_stop(late);
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- 3) a dead head blocks its key (strict) or is set aside (skip-dead) ---- */
 
 /* Three keys of 5 rows and 5 unkeyed rows; the heads of k000 and k001 can never be published
  * (priority 42), k002 is healthy. */
-static void insert_dead_heads(struct ord *t)
+static void insert_dead_heads(struct fixture *t)
 {
 	struct keyed_gen g = { .keys = 3,
 		               .n_late = 0,
@@ -224,7 +164,7 @@ static void insert_dead_heads(struct ord *t)
 	harness_insert_rows(t->pg, t->table, 5, t->exchange, "ok.unkeyed", "u", NULL, NULL);
 }
 
-static json_t *cli_json(struct ord *t, const char *const *env, const char *a1, const char *a2,
+static json_t *cli_json(struct fixture *t, const char *const *env, const char *a1, const char *a2,
                         const char *a3)
 {
 	struct harness_output o;
@@ -239,7 +179,7 @@ static json_t *cli_json(struct ord *t, const char *const *env, const char *a1, c
 	return j;
 }
 
-static void expect_cli_ok(struct ord *t, const char *want_out, const char *a1, const char *a2,
+static void expect_cli_ok(struct fixture *t, const char *want_out, const char *a1, const char *a2,
                           const char *a3)
 {
 	struct harness_output o;
@@ -253,17 +193,16 @@ static void expect_cli_ok(struct ord *t, const char *want_out, const char *a1, c
 
 Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300)
 {
-	struct ord t;
+	struct fixture t;
 	struct harness_output o;
 	json_t *j, *it;
 	size_t i;
 
-	ord_setup(&t, "ord_dead", NULL);
+	fixture_setup(&t, "ord_dead", NULL);
 	insert_dead_heads(&t);
-	t.relay[0] = harness_relay_start(
-	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	/* k002 and the unkeyed rows are not held back by the dead keys. */
-	expect_delivered(&t, t.cons, 10, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 10, DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(
 	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10", t.table) == 2,
 	        60000);
@@ -311,12 +250,12 @@ Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300
 	/* Fix the head of k000 and requeue it: the key follows in order. */
 	harness_pg_exec(t.pg, "UPDATE %s SET properties = '{}' WHERE id = 'k000-000000'", t.table);
 	expect_cli_ok(&t, "requeued 1 row", "requeue", "--id", "k000-000000");
-	expect_delivered(&t, t.cons, 15, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 15, DELIVERY_TIMEOUT_MS);
 	cr_assert_eq(unpublished(&t, "ordering_key = 'k001'"), 5, "k001 moved on by itself");
 
 	/* Discard the head of k001: the rest of it follows in order. */
 	expect_cli_ok(&t, "discarded 1 row", "discard", "--id", "k001-000001");
-	expect_delivered(&t, t.cons, 19, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 19, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_count(t.cons, "k001-000001"), 0);
 	ordering_check(t.pg, t.table, NULL, &t.cons, 1, false, "ordering strict dead head");
@@ -326,7 +265,7 @@ Test(ordering, dead_head_blocks_its_key_until_requeue_or_discard, .timeout = 300
 	cr_assert_eq(json_integer_value(json_object_get(j, "blocked_keys")), 0);
 	cr_assert(json_is_null(json_object_get(j, "oldest_blocked_key")));
 	json_decref(j);
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* True when one log line holds all three needles. */
@@ -351,14 +290,14 @@ Test(ordering, skip_dead_sets_the_dead_head_aside, .timeout = 300)
 {
 	const char *const env[] = { "OUTBOX_RELAY_POLL_INTERVAL=200ms",
 		                    "OUTBOX_RELAY_ORDERING=skip-dead", NULL };
-	struct ord t;
+	struct fixture t;
 	json_t *j;
 
-	ord_setup(&t, "ord_skip", NULL);
+	fixture_setup(&t, "ord_skip", NULL);
 	insert_dead_heads(&t);
-	t.relay[0] = harness_relay_start(t.table, env, NULL);
+	fixture_relay_start(&t, env);
 	/* Everything but the two dead heads. */
-	expect_delivered(&t, t.cons, 18, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 18, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_count(t.cons, "k000-000000"), 0);
 	cr_assert_eq(consumer_count(t.cons, "k001-000001"), 0);
@@ -367,28 +306,27 @@ Test(ordering, skip_dead_sets_the_dead_head_aside, .timeout = 300)
 	cr_assert_eq(unpublished(&t, "true"), 2);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10", t.table),
 	             2);
-	cr_assert(log_line_has(t.relay[0], "level=error", "ordering_key=k000", "id=k000-000000"),
+	cr_assert(log_line_has(t.relays[0], "level=error", "ordering_key=k000", "id=k000-000000"),
 	          "no error line names key k000 and row k000-000000");
-	cr_assert(log_line_has(t.relay[0], "level=error", "ordering_key=k001", "id=k001-000001"),
+	cr_assert(log_line_has(t.relays[0], "level=error", "ordering_key=k001", "id=k001-000001"),
 	          "no error line names key k001 and row k001-000001");
 	/* Set aside is not blocked. */
 	j = cli_json(&t, env, "status", "--json", NULL);
 	cr_assert_eq(json_integer_value(json_object_get(j, "blocked_keys")), 0);
 	cr_assert_eq(json_integer_value(json_object_get(j, "dead")), 2);
 	json_decref(j);
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- an open older transaction holds back keyed rows, never unkeyed ones ---- */
 
 Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300)
 {
-	struct ord t;
+	struct fixture t;
 	PGconn *older;
 
-	ord_setup(&t, "ord_xmin", NULL);
-	t.relay[0] = harness_relay_start(
-	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	fixture_setup(&t, "ord_xmin", NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	/* The older transaction has an id (as a producer does after its first write). */
 	older = harness_pg_connect();
 	harness_pg_exec(older, "BEGIN");
@@ -399,7 +337,7 @@ Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300
 	                " VALUES ('k000-000000', '%s', 'ok.k000', '{}', 'k000'),"
 	                " ('u-0', '%s', 'ok.unkeyed', '{}', NULL)",
 	                t.table, t.exchange, t.exchange);
-	expect_delivered(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
 	cr_assert_not_null(consumer_find(t.cons, "u-0"));
 	harness_sleep_ms(1500); /* several polls */
 	cr_assert_eq(consumer_count(t.cons, "k000-000000"), 0,
@@ -407,9 +345,9 @@ Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300
 	cr_assert_eq(unpublished(&t, "ordering_key = 'k000'"), 1);
 
 	harness_pg_exec(older, "COMMIT");
-	expect_delivered(&t, t.cons, 2, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 2, DELIVERY_TIMEOUT_MS);
 	PQfinish(older);
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* A transaction that took its id early (an earlier write) commits a keyed row with a higher
@@ -417,12 +355,11 @@ Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300
  * must wait, since publishing it now would send seq 2 before seq 1 is even visible. */
 Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300)
 {
-	struct ord t;
+	struct fixture t;
 	PGconn *early, *late;
 
-	ord_setup(&t, "ord_inv", NULL);
-	t.relay[0] = harness_relay_start(
-	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL }, NULL);
+	fixture_setup(&t, "ord_inv", NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	early = harness_pg_connect();
 	late = harness_pg_connect();
 	harness_pg_exec(early, "BEGIN");
@@ -438,7 +375,7 @@ Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300
 	                " ('u-0', '%s', 'ok.unkeyed', '{}', NULL)",
 	                t.table, t.exchange, t.exchange);
 	harness_pg_exec(early, "COMMIT");
-	expect_delivered(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1500); /* several polls */
 	cr_assert_eq(consumer_count(t.cons, "k000-000001"), 0,
 	             "seq 2 of the key went out while seq 1 was still uncommitted");
@@ -446,19 +383,19 @@ Test(ordering, early_txid_with_later_seq_waits_for_the_lower_seq, .timeout = 300
 	harness_pg_exec(late, "COMMIT");
 	cr_assert_lt(harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000000'", t.table),
 	             harness_pg_int(t.pg, "SELECT seq FROM %s WHERE id = 'k000-000001'", t.table));
-	expect_delivered(&t, t.cons, 3, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 3, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(500);
 	ordering_check(t.pg, t.table, NULL, &t.cons, 1, false, "ordering early txid");
 	PQfinish(early);
 	PQfinish(late);
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- 5) delayed delivery ---- */
 
 /* How long after its available_at the latest of the rows listed was published, in ms on the
  * database's clock. */
-static int64_t delay_after_due(struct ord *t, const char *ids)
+static int64_t delay_after_due(struct fixture *t, const char *ids)
 {
 	int64_t late = harness_pg_int(t->pg,
 	                              "SELECT (extract(epoch FROM max(published_at - available_at))"
@@ -472,13 +409,12 @@ static int64_t delay_after_due(struct ord *t, const char *ids)
 
 Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 {
-	struct ord t;
+	struct fixture t;
 	struct harness_output o;
 	int64_t early, late;
 
-	ord_setup(&t, "ord_delay", NULL);
-	t.relay[0] = harness_relay_start(
-	        t.table, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=500ms", NULL }, NULL);
+	fixture_setup(&t, "ord_delay", NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=500ms", NULL });
 	/* A delayed unkeyed row, a delayed keyed head with three rows behind it, and a control
 	 * row that is due at once; then one more delayed row through the CLI. */
 	harness_pg_exec(t.pg,
@@ -502,7 +438,7 @@ Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 	                            t.table),
 	             1, "enqueue --delay 3s did not set available_at");
 
-	expect_delivered(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
 	cr_assert_not_null(consumer_find(t.cons, "now-0"));
 	/* If the database still says the delayed rows are not due, none of them may be here. */
 	early = harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE available_at > now()", t.table);
@@ -511,7 +447,7 @@ Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 		             "a delayed row or a row behind a delayed "
 		             "head arrived early");
 
-	expect_delivered(&t, t.cons, 7, DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t, t.cons, 7, DELIVERY_TIMEOUT_MS);
 	/* On the database's clock: never before available_at, and within a poll interval plus a
 	 * margin after it. */
 	cr_assert_eq(harness_pg_int(t.pg,
@@ -539,5 +475,5 @@ Test(ordering, delayed_rows_wait_for_available_at, .timeout = 300)
 	             0, "a row behind the delayed head went out before the head was due");
 	harness_sleep_ms(500);
 	ordering_check(t.pg, t.table, NULL, &t.cons, 1, false, "ordering delayed head");
-	ord_teardown(&t);
+	fixture_teardown(&t);
 }

@@ -9,65 +9,11 @@
 #include <string.h>
 
 #include "store/outbox.h"
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 180000
 #define EXIT_TIMEOUT_MS     30000
-
-struct e2e {
-	char table[48], exchange[64], queue[64];
-	PGconn *pg;
-	struct consumer *cons;
-	struct harness_relay *relay[2];
-};
-
-/* Own table, exchange and queue, the schema applied, and a consumer bound to everything the
- * exchange carries. */
-static void e2e_setup(struct e2e *t, const char *prefix)
-{
-	memset(t, 0, sizeof(*t));
-	harness_unique_name(t->table, sizeof(t->table), prefix);
-	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
-	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
-	t->pg = harness_pg_connect();
-	harness_migrate(t->table);
-	t->cons = consumer_start(harness_amqp_url(), t->queue, t->exchange, "topic", "#");
-}
-
-/* Stops the relays (an orderly exit must be status 0: sanitizer reports would show here). */
-static void e2e_teardown(struct e2e *t)
-{
-	for (int i = 0; i < 2; i++) {
-		char name[32];
-
-		snprintf(name, sizeof(name), "relay %d", i);
-		harness_relay_finish(t->relay[i], name);
-		t->relay[i] = NULL;
-	}
-	consumer_stop(t->cons);
-	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
-	PQfinish(t->pg);
-}
-
-static void start_relay(struct e2e *t, int slot, const char *const *env)
-{
-	t->relay[slot] = harness_relay_start(t->table, env, NULL);
-}
-
-/* Waits for n unique deliveries; on timeout dumps the relay logs and fails. */
-static void expect_delivered(struct e2e *t, size_t n, int64_t timeout_ms)
-{
-	if (consumer_wait_unique(t->cons, n, timeout_ms))
-		return;
-	for (int i = 0; i < 2; i++) {
-		if (t->relay[i])
-			harness_relay_dump_log(t->relay[i]);
-	}
-	cr_assert_fail("only %zu of %zu messages arrived within %lld ms", consumer_unique(t->cons),
-	               n, (long long)timeout_ms);
-}
 
 /* ---- a) 10,000 mixed rows, every field checked ---- */
 
@@ -241,16 +187,16 @@ static void check_mixed(size_t i, const struct consumer_msg *msg, const char *ex
 Test(relay_e2e, mixed_rows_arrive_exactly_once_and_exact, .timeout = 400)
 {
 	const size_t n = 10000;
-	struct e2e t;
+	struct fixture t;
 	struct mixed scratch;
 	int64_t t0, elapsed;
 	PGresult *res;
 
-	e2e_setup(&t, "e2e_mixed");
+	fixture_setup(&t, "e2e_mixed", NULL);
 	harness_insert_rows(t.pg, t.table, n, t.exchange, NULL, NULL, mixed_row, &scratch);
 	t0 = harness_now_ms();
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
-	expect_delivered(&t, n, DELIVERY_TIMEOUT_MS);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_expect_unique(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
 	elapsed = harness_now_ms() - t0;
 	fprintf(stderr, "relay_e2e: %zu mixed messages relayed in %lld ms (%.0f msg/s)\n", n,
 	        (long long)elapsed, elapsed > 0 ? (double)n * 1000.0 / (double)elapsed : 0.0);
@@ -291,7 +237,7 @@ Test(relay_e2e, mixed_rows_arrive_exactly_once_and_exact, .timeout = 400)
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu duplicates", consumer_duplicates(t.cons));
 	cr_assert_eq(consumer_unique(t.cons), n);
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- b) outbox_add inside the caller's transaction ---- */
@@ -315,10 +261,10 @@ static void add_one(PGconn *c, const char *table, const char *id, const char *ex
 
 Test(relay_e2e, outbox_add_commit_and_rollback, .timeout = 120)
 {
-	struct e2e t;
+	struct fixture t;
 
-	e2e_setup(&t, "e2e_add");
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_setup(&t, "e2e_add", NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 
 	harness_pg_exec(t.pg, "BEGIN");
 	add_one(t.pg, t.table, "add-1", t.exchange, OUTBOX_ADDED);
@@ -335,7 +281,7 @@ Test(relay_e2e, outbox_add_commit_and_rollback, .timeout = 120)
 	harness_pg_exec(t.pg, "BEGIN");
 	add_one(t.pg, t.table, "add-2", t.exchange, OUTBOX_ADDED);
 	harness_pg_exec(t.pg, "COMMIT");
-	expect_delivered(&t, 2, 60000);
+	fixture_expect_unique(&t, t.cons, 2, 60000);
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_count(t.cons, "add-1"), 1);
 	cr_assert_eq(consumer_count(t.cons, "add-2"), 1);
@@ -344,32 +290,32 @@ Test(relay_e2e, outbox_add_commit_and_rollback, .timeout = 120)
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE id = 'add-rolled-back'",
 	                            t.table),
 	             0);
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- c) an idle relay wakes up on commit ---- */
 
 Test(relay_e2e, idle_relay_wakes_on_commit, .timeout = 120)
 {
-	struct e2e t;
+	struct fixture t;
 	int64_t t0, took;
 
-	e2e_setup(&t, "e2e_wake");
+	fixture_setup(&t, "e2e_wake", NULL);
 	/* The warm-up row is there before the relay starts, so its first claim sends it. */
 	harness_insert_rows(t.pg, t.table, 1, t.exchange, "wake.warm", "warm", NULL, NULL);
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=30s", NULL });
-	expect_delivered(&t, 1, 60000);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=30s", NULL });
+	fixture_expect_unique(&t, t.cons, 1, 60000);
 	harness_sleep_ms(2000); /* idle now, waiting up to 30 s for the next poll */
 
 	t0 = harness_now_ms();
 	harness_insert_rows(t.pg, t.table, 1, t.exchange, "wake.now", "wake", NULL, NULL);
 	/* Well under the 28 s or so that the next poll would take, with room for a loaded
 	 * machine: only the notification can deliver it this soon. */
-	expect_delivered(&t, 2, 15000);
+	fixture_expect_unique(&t, t.cons, 2, 15000);
 	took = harness_now_ms() - t0;
 	fprintf(stderr, "relay_e2e: idle commit-to-consumer %lld ms\n", (long long)took);
 	cr_assert_not_null(consumer_find(t.cons, "wake-0000000"));
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- d) two relays share the work without sending anything twice ---- */
@@ -377,19 +323,17 @@ Test(relay_e2e, idle_relay_wakes_on_commit, .timeout = 120)
 Test(relay_e2e, two_relays_deliver_each_row_once, .timeout = 400)
 {
 	const size_t n = 10000;
-	struct e2e t;
+	struct fixture t;
 
-	e2e_setup(&t, "e2e_two");
+	fixture_setup(&t, "e2e_two", NULL);
 	harness_insert_rows(t.pg, t.table, n, t.exchange, "two.relays", "two", NULL, NULL);
-	start_relay(&t, 0,
-	            (const char *const[]){ "OUTBOX_RELAY_ID=relay-a",
-	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                   "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
-	start_relay(&t, 1,
-	            (const char *const[]){ "OUTBOX_RELAY_ID=relay-b",
-	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                   "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
-	expect_delivered(&t, n, DELIVERY_TIMEOUT_MS);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_ID=relay-a",
+	                                               "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                               "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_ID=relay-b",
+	                                               "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                                               "OUTBOX_RELAY_BATCH_SIZE=100", NULL });
+	fixture_expect_unique(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(1500);
 	cr_assert_eq(consumer_unique(t.cons), n);
 	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu messages were sent twice",
@@ -400,7 +344,7 @@ Test(relay_e2e, two_relays_deliver_each_row_once, .timeout = 400)
 	cr_assert_eq(
 	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
 	        0);
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- e) SIGTERM while busy: exit 0, leases released ---- */
@@ -408,18 +352,18 @@ Test(relay_e2e, two_relays_deliver_each_row_once, .timeout = 400)
 Test(relay_e2e, sigterm_while_busy_releases_leases, .timeout = 300)
 {
 	const size_t n = 50000;
-	struct e2e t;
+	struct fixture t;
 	int st;
 	int64_t left;
 
-	e2e_setup(&t, "e2e_term");
+	fixture_setup(&t, "e2e_term", NULL);
 	harness_insert_rows(t.pg, t.table, n, t.exchange, "term.busy", "term", NULL, NULL);
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
-	expect_delivered(&t, 300, 60000);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_expect_unique(&t, t.cons, 300, 60000);
 
-	st = harness_relay_stop(t.relay[0], SIGTERM, EXIT_TIMEOUT_MS);
+	st = harness_relay_stop(t.relays[0], SIGTERM, EXIT_TIMEOUT_MS);
 	if (st != 0)
-		harness_relay_dump_log(t.relay[0]);
+		harness_relay_dump_log(t.relays[0]);
 	cr_assert_eq(st, 0, "relay exited with %d after SIGTERM", st);
 	left = harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table);
 	fprintf(stderr, "relay_e2e: SIGTERM after %zu deliveries, %lld rows left pending\n",
@@ -432,7 +376,7 @@ Test(relay_e2e, sigterm_while_busy_releases_leases, .timeout = 300)
 	             0, "unpublished rows still leased after an orderly shutdown");
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts <> 0", t.table),
 	             0, "shutdown must not charge attempts");
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- f) retention 0 deletes on confirm ---- */
@@ -440,19 +384,18 @@ Test(relay_e2e, sigterm_while_busy_releases_leases, .timeout = 300)
 Test(relay_e2e, retention_zero_empties_the_table, .timeout = 120)
 {
 	const size_t n = 500;
-	struct e2e t;
+	struct fixture t;
 
-	e2e_setup(&t, "e2e_ret");
+	fixture_setup(&t, "e2e_ret", NULL);
 	harness_insert_rows(t.pg, t.table, n, t.exchange, "ret.zero", "ret", NULL, NULL);
-	start_relay(&t, 0,
-	            (const char *const[]){ "OUTBOX_RELAY_RETENTION=0",
-	                                   "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
-	expect_delivered(&t, n, 60000);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_RETENTION=0",
+	                                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_expect_unique(&t, t.cons, n, 60000);
 	HARNESS_WAIT(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table) == 0, 30000);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table), 0,
 	             "published rows kept despite retention 0");
 	cr_assert_eq(consumer_duplicates(t.cons), 0);
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }
 
 /* ---- g) schema twice; migrate upgrades an AceMQ table ---- */
@@ -510,13 +453,10 @@ Test(relay_e2e, schema_applies_twice, .timeout = 60)
 
 Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
 {
-	struct e2e t;
+	struct fixture t;
 
-	memset(&t, 0, sizeof(t));
-	harness_unique_name(t.table, sizeof(t.table), "e2e_acemq");
-	snprintf(t.exchange, sizeof(t.exchange), "%s_ex", t.table);
-	snprintf(t.queue, sizeof(t.queue), "%s_q", t.table);
-	t.pg = harness_pg_connect();
+	/* The table is the test's own: an AceMQ one for migrate to upgrade. */
+	fixture_setup(&t, "e2e_acemq", &(struct fixture_options){ .no_migrate = true });
 	/* The AceMQ SQLOutboxStore layout: DESIGN's columns minus seq, properties,
 	 * ordering_key, txid and available_at. */
 	harness_pg_exec(t.pg,
@@ -551,9 +491,8 @@ Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s", t.table), 6,
 	             "migrate must keep the rows");
 
-	t.cons = consumer_start(harness_amqp_url(), t.queue, t.exchange, "topic", "#");
-	start_relay(&t, 0, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
-	expect_delivered(&t, 5, 60000);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_expect_unique(&t, t.cons, 5, 60000);
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_unique(t.cons), 5);
 	cr_assert_null(consumer_find(t.cons, "old-done"), "an already published row was resent");
@@ -574,5 +513,5 @@ Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
 	cr_assert_eq(
 	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
 	        0);
-	e2e_teardown(&t);
+	fixture_teardown(&t);
 }

@@ -8,8 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 120000
@@ -19,13 +18,11 @@
 #define DB_FAILED     "could not connect, will retry\" to=database"
 
 struct tls_test {
-	char table[48], exchange[64], queue[64];
+	struct fixture fx;
 	char db_url[1024], amqps[256];
 	char ca[512], wrong_ca[512], client_cert[512], client_key[512];
 	char e_db[1100], e_amqp[300], e_ca[600], e_cert[600], e_key[600];
-	PGconn *pg;
-	struct consumer *cons;
-	struct harness_relay *relay;
+	struct harness_relay *relay; /* borrowed from fx */
 };
 
 static void tls_path(char *buf, size_t len, const char *file)
@@ -41,9 +38,6 @@ static void tls_path(char *buf, size_t len, const char *file)
 static void tls_setup(struct tls_test *t, const char *prefix, const char *ca)
 {
 	memset(t, 0, sizeof(*t));
-	harness_unique_name(t->table, sizeof(t->table), prefix);
-	snprintf(t->exchange, sizeof(t->exchange), "%s_ex", t->table);
-	snprintf(t->queue, sizeof(t->queue), "%s_q", t->table);
 	tls_path(t->ca, sizeof(t->ca), "ca.pem");
 	tls_path(t->wrong_ca, sizeof(t->wrong_ca), "wrong-ca.pem");
 	tls_path(t->client_cert, sizeof(t->client_cert), "client.pem");
@@ -57,33 +51,19 @@ static void tls_setup(struct tls_test *t, const char *prefix, const char *ca)
 	         strcmp(ca, "wrong") == 0 ? t->wrong_ca : t->ca);
 	snprintf(t->e_cert, sizeof(t->e_cert), "OUTBOX_AMQP_TLS_CERT_FILE=%s", t->client_cert);
 	snprintf(t->e_key, sizeof(t->e_key), "OUTBOX_AMQP_TLS_KEY_FILE=%s", t->client_key);
-	t->pg = harness_pg_connect();
-	harness_migrate(t->table);
-	t->cons = consumer_start(harness_amqp_url(), t->queue, t->exchange, "topic", "#");
-	harness_insert_rows(t->pg, t->table, ROWS, t->exchange, "tls.created", "tls", NULL, NULL);
-}
-
-/* An orderly stop must exit 0 even when the broker was never reached. */
-static void tls_teardown(struct tls_test *t)
-{
-	harness_relay_finish(t->relay, "relay");
-	consumer_stop(t->cons);
-	harness_pg_exec(t->pg, "DROP TABLE IF EXISTS %s CASCADE", t->table);
-	PQfinish(t->pg);
+	fixture_setup(&t->fx, prefix, NULL);
+	harness_insert_rows(t->fx.pg, t->fx.table, ROWS, t->fx.exchange, "tls.created", "tls", NULL,
+	                    NULL);
 }
 
 static void expect_all_delivered(struct tls_test *t)
 {
-	if (!consumer_wait_unique(t->cons, ROWS, DELIVERY_TIMEOUT_MS)) {
-		harness_relay_dump_log(t->relay);
-		cr_assert_fail("only %zu of %d messages arrived over TLS", consumer_unique(t->cons),
-		               ROWS);
-	}
-	HARNESS_WAIT(harness_pg_int(t->pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t->table) == 0,
+	fixture_expect_unique(&t->fx, t->fx.cons, ROWS, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(harness_pg_int(t->fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            t->fx.table) == 0,
 	             30000);
-	cr_assert_eq(harness_pg_int(t->pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t->table),
+	cr_assert_eq(harness_pg_int(t->fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            t->fx.table),
 	             0, "rows left unpublished after delivery");
 	cr_assert_eq(harness_relay_log_count(t->relay, "could not connect"), 0,
 	             "a connection failed on the way");
@@ -150,15 +130,13 @@ Test(tls, delivers_over_amqps_and_verify_full, .timeout = 300)
 	tls_setup(&t, "tls_ok", "right");
 	/* sslmode=verify-full fails unless the server's certificate names 127.0.0.1 and chains
 	 * to the CA, so delivery itself proves the database side is TLS. */
-	t.relay = harness_relay_start(t.table,
-	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
-	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                     NULL },
-	                              NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	expect_all_delivered(&t);
 	cr_assert(harness_relay_log_count(t.relay, "amqps://guest:***@localhost") >= 1,
 	          "the start line shows the amqps:// URL, password hidden");
-	tls_teardown(&t);
+	fixture_teardown(&t.fx);
 }
 
 Test(tls, presents_client_certificate, .timeout = 300)
@@ -167,18 +145,16 @@ Test(tls, presents_client_certificate, .timeout = 300)
 	char *conns;
 
 	tls_setup(&t, "tls_client", "right");
-	t.relay = harness_relay_start(
-	        t.table,
-	        (const char *const[]){ t.e_db, t.e_amqp, t.e_ca, t.e_cert, t.e_key,
-	                               "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
-	        NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ t.e_db, t.e_amqp, t.e_ca, t.e_cert, t.e_key,
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	expect_all_delivered(&t);
 	/* The broker saw our certificate: only the relay connects with one in these tests. */
 	conns = broker_connections();
 	cr_assert(strstr(conns, "true\tCN=localhost") != NULL,
 	          "no TLS connection with the client certificate's subject:\n%s", conns);
 	free(conns);
-	tls_teardown(&t);
+	fixture_teardown(&t.fx);
 }
 
 Test(tls, wrong_ca_refuses_broker_and_delivers_nothing, .timeout = 300)
@@ -188,11 +164,10 @@ Test(tls, wrong_ca_refuses_broker_and_delivers_nothing, .timeout = 300)
 
 	tls_setup(&t, "tls_wrongca", "wrong");
 	/* Repeated failures of one outage are logged at debug only. */
-	t.relay = harness_relay_start(t.table,
+	t.relay = fixture_relay_start(&t.fx,
 	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
 	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                     "OUTBOX_LOG_LEVEL=debug", NULL },
-	                              NULL);
+	                                                     "OUTBOX_LOG_LEVEL=debug", NULL });
 	if (!harness_relay_wait_log(t.relay, BROKER_FAILED, 60000))
 		harness_relay_dump_log(t.relay);
 	line = log_line(t.relay, BROKER_FAILED);
@@ -206,13 +181,14 @@ Test(tls, wrong_ca_refuses_broker_and_delivers_nothing, .timeout = 300)
 	/* A second failed attempt shows it keeps refusing rather than falling back. */
 	HARNESS_WAIT(harness_relay_log_count(t.relay, BROKER_FAILED) >= 2, 60000);
 	cr_assert(harness_relay_log_count(t.relay, BROKER_FAILED) >= 2);
-	cr_assert_eq(consumer_received(t.cons), 0,
+	cr_assert_eq(consumer_received(t.fx.cons), 0,
 	             "messages arrived through an unverified "
 	             "connection");
-	cr_assert_eq(
-	        harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", t.table),
-	        ROWS);
-	tls_teardown(&t);
+	cr_assert_eq(harness_pg_int(t.fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            t.fx.table),
+	             ROWS);
+	/* An orderly stop must exit 0 even when the broker was never reached. */
+	fixture_teardown(&t.fx);
 }
 
 Test(tls, wrong_ca_without_verification_connects, .timeout = 300)
@@ -220,14 +196,12 @@ Test(tls, wrong_ca_without_verification_connects, .timeout = 300)
 	struct tls_test t;
 
 	tls_setup(&t, "tls_noverify", "wrong");
-	t.relay = harness_relay_start(t.table,
-	                              (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
-	                                                     "OUTBOX_AMQP_TLS_VERIFY_PEER=false",
-	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                     NULL },
-	                              NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ t.e_db, t.e_amqp, t.e_ca,
+	                                      "OUTBOX_AMQP_TLS_VERIFY_PEER=false",
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	expect_all_delivered(&t);
-	tls_teardown(&t);
+	fixture_teardown(&t.fx);
 }
 
 Test(tls, database_with_wrong_ca_is_refused, .timeout = 300)
@@ -238,11 +212,9 @@ Test(tls, database_with_wrong_ca_is_refused, .timeout = 300)
 	tls_setup(&t, "tls_dbwrong", "right");
 	snprintf(e_db, sizeof(e_db), "OUTBOX_DATABASE_URL=%s sslmode=verify-full sslrootcert=%s",
 	         harness_pg_conninfo(), t.wrong_ca);
-	t.relay = harness_relay_start(t.table,
-	                              (const char *const[]){ e_db, t.e_amqp, t.e_ca,
-	                                                     "OUTBOX_RELAY_POLL_INTERVAL=200ms",
-	                                                     NULL },
-	                              NULL);
+	t.relay = fixture_relay_start(
+	        &t.fx, (const char *const[]){ e_db, t.e_amqp, t.e_ca,
+	                                      "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
 	/* The worker's line; the maintenance loop reports the same failure in its own words. */
 	if (!harness_relay_wait_log(t.relay, DB_FAILED, 60000))
 		harness_relay_dump_log(t.relay);
@@ -252,6 +224,6 @@ Test(tls, database_with_wrong_ca_is_refused, .timeout = 300)
 	cr_assert(contains_ci(line, "certificate") && contains_ci(line, "verif"),
 	          "the failure names a certificate verification problem: %s", line);
 	free(line);
-	cr_assert_eq(consumer_received(t.cons), 0);
-	tls_teardown(&t);
+	cr_assert_eq(consumer_received(t.fx.cons), 0);
+	fixture_teardown(&t.fx);
 }
