@@ -13,16 +13,17 @@ static const char lost_line[] = "msg=\"lost connection, will reconnect\" to=brok
 static const char back_line[] = "msg=\"reconnected\" to=broker";
 
 /* Waits for some progress past what arrived so far, failing with the logs otherwise. */
-static void expect_progress(struct fault *f, size_t more)
+static void expect_progress(struct fixture *f, size_t more)
 {
-	fault_expect_unique(f, consumer_unique(f->cons) + more, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(f, f->cons, consumer_unique(f->cons) + more,
+	                      FAULT_DELIVERY_TIMEOUT_MS);
 }
 
-static void finish(struct fault *f, struct fault_producer *p, const char *name)
+static void finish(struct fixture *f, struct fault_producer *p, const char *name)
 {
 	size_t n = fault_producer_stop(p), lost;
 
-	fault_expect_unique(f, n, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(f, f->cons, n, FAULT_DELIVERY_TIMEOUT_MS);
 	fault_expect_settled(f, 10, 60000);
 	harness_sleep_ms(1000);
 	/* Duplicates are allowed: rows in flight when the connection dropped are sent again. */
@@ -46,31 +47,32 @@ struct broker_fault {
 
 static void run_broker_fault(const struct broker_fault *bf)
 {
-	struct fault f;
+	struct fixture f;
 	struct fault_producer *p;
 	struct harness_relay *r;
 
-	fault_setup(&f, bf->prefix);
+	fixture_setup(&f, bf->prefix, NULL);
 	p = fault_producer_start(&f, "brk", 50, 20, MAX_ROWS);
 	r = fault_relay_start(&f, NULL);
 	expect_progress(&f, 2000);
 
 	bf->cause();
-	if (!fault_wait_logged(&f, bf->fault_line, FAULT_LOG_TIMEOUT_MS))
-		fault_dump_logs(&f);
-	cr_assert(fault_logged(&f, bf->fault_line), "no '%s' line in %s", bf->fault_line, bf->name);
+	if (!fixture_wait_logged(&f, bf->fault_line, FAULT_LOG_TIMEOUT_MS))
+		fixture_dump_logs(&f);
+	cr_assert(fixture_logged(&f, bf->fault_line), "no '%s' line in %s", bf->fault_line,
+	          bf->name);
 	harness_sleep_ms(bf->pause_ms); /* rows keep being committed meanwhile */
 	bf->end();
 	if (bf->back_line) {
-		if (!fault_wait_logged(&f, bf->back_line, FAULT_LOG_TIMEOUT_MS))
-			fault_dump_logs(&f);
-		cr_assert(fault_logged(&f, bf->back_line), "no '%s' line in %s", bf->back_line,
+		if (!fixture_wait_logged(&f, bf->back_line, FAULT_LOG_TIMEOUT_MS))
+			fixture_dump_logs(&f);
+		cr_assert(fixture_logged(&f, bf->back_line), "no '%s' line in %s", bf->back_line,
 		          bf->name);
 	}
 	expect_progress(&f, 2000);
 	cr_assert_not(r->exited, "the relay process must recover by itself");
 	finish(&f, p, bf->name);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }
 
 Test(fault, broker_stop_app_start_app, .timeout = 300)

@@ -44,7 +44,7 @@ static const char *const relay_env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=5", "OUTBOX_
 
 /* Good rows "good-<i>" with the bad ones spread among them, all in one transaction, so
  * every batch holds both kinds. */
-static void insert_mixed(struct fault *f)
+static void insert_mixed(struct fixture *f)
 {
 	harness_pg_exec(f->pg, "BEGIN");
 	for (size_t b = 0; b <= N_BAD; b++) {
@@ -68,7 +68,7 @@ static void insert_mixed(struct fault *f)
 	harness_pg_exec(f->pg, "COMMIT");
 }
 
-static int64_t dead_count(struct fault *f)
+static int64_t dead_count(struct fixture *f)
 {
 	return harness_pg_int(f->pg,
 	                      "SELECT count(*) FROM %s"
@@ -78,16 +78,16 @@ static int64_t dead_count(struct fault *f)
 
 Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 {
-	struct fault f;
+	struct fixture f;
 	struct harness_output o;
 	json_t *list;
 	json_error_t jerr;
 	size_t lost, dups;
 
-	fault_setup(&f, "fault_bad");
+	fixture_setup(&f, "fault_bad", NULL);
 	insert_mixed(&f);
 	fault_relay_start(&f, relay_env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(dead_count(&f) == (int64_t)N_BAD, 30000);
 	cr_assert_eq(dead_count(&f), (int64_t)N_BAD);
 	fault_expect_settled(&f, MAX_ATTEMPTS, 30000);
@@ -106,9 +106,9 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 		          "%s: last_error '%s', want it to start with '%s'", x->id, err, x->error);
 		free(err);
 		cr_assert_eq(consumer_count(f.cons, x->id), 0, "%s was published", x->id);
-		cr_assert_eq(fault_log_count(&f, x->id), 1, "%s: want one log line", x->id);
+		cr_assert_eq(fixture_log_count(&f, x->id), 1, "%s: want one log line", x->id);
 	}
-	cr_assert_eq(fault_log_count(&f, "level=error"), (int)N_BAD,
+	cr_assert_eq(fixture_log_count(&f, "level=error"), (int)N_BAD,
 	             "want one error line per dead row");
 	cr_assert_eq(harness_pg_int(f.pg,
 	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
@@ -118,7 +118,7 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 
 	/* The relay keeps serving. */
 	harness_insert_rows(f.pg, f.table, 50, f.exchange, "fault.later", "later", NULL, NULL);
-	fault_expect_unique(&f, GOOD + 50, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD + 50, FAULT_DELIVERY_TIMEOUT_MS);
 
 	/* dead --json lists every dead row with its error. */
 	harness_cli(&o, f.table, relay_env, "dead", "--json", NULL);
@@ -158,7 +158,7 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 	cr_assert_eq(o.status, 0, "requeue exited %d: %s", o.status, o.err);
 	cr_assert(strstr(o.out, "requeued 1 row") != NULL, "requeue said: %s", o.out);
 	harness_output_free(&o);
-	fault_expect_unique(&f, GOOD + 51, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD + 51, FAULT_DELIVERY_TIMEOUT_MS);
 	cr_assert_eq(consumer_find(f.cons, "bad-priority")->priority, 9);
 
 	/* Discarded: gone. */
@@ -177,22 +177,22 @@ Test(fault, malformed_rows_dead_at_once, .timeout = 300)
 	cr_assert_eq(lost, 0, "%zu good rows never arrived", lost);
 	cr_assert_eq(dups, 0, "%zu duplicates without any fault that could cause one", dups);
 	cr_assert_eq(consumer_count(f.cons, "bad-priority"), 1);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }
 
 Test(fault, purge_removes_published_keeps_dead, .timeout = 300)
 {
-	struct fault f;
+	struct fixture f;
 	size_t lost, dups;
 	const char *const env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=5", "OUTBOX_RELAY_RETENTION=1s",
 		                    "OUTBOX_RELAY_PURGE_INTERVAL=1s", "OUTBOX_RELAY_LEASE=60s",
 		                    NULL };
 
-	fault_setup(&f, "fault_purge");
+	fixture_setup(&f, "fault_purge", NULL);
 	insert_mixed(&f);
 	fault_relay_start(&f, env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
-	cr_assert(fault_wait_logged(&f, "purged published rows past retention", 60000),
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	cr_assert(fixture_wait_logged(&f, "purged published rows past retention", 60000),
 	          "no purge line");
 	HARNESS_WAIT(harness_pg_int(f.pg, "SELECT count(*) FROM %s", f.table) == (int64_t)N_BAD,
 	             60000);
@@ -204,5 +204,5 @@ Test(fault, purge_removes_published_keeps_dead, .timeout = 300)
 	dups = fault_count(&f, "purge", "good", GOOD, &lost);
 	cr_assert_eq(lost, 0);
 	cr_assert_eq(dups, 0);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }

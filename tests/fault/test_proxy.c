@@ -13,7 +13,7 @@
 #define MAX_ROWS 30000
 
 struct net {
-	struct fault f;
+	struct fixture f;
 	struct proxy *mq, *db;
 	char amqp_env[256], db_env[768];
 	struct fault_producer *prod;
@@ -30,7 +30,7 @@ static void net_setup(struct net *t, const char *prefix, const char *const *extr
 	size_t n = 0;
 
 	memset(t, 0, sizeof(*t));
-	fault_setup(&t->f, prefix);
+	fixture_setup(&t->f, prefix, NULL);
 	t->mq = proxy_start(harness_amqp_port());
 	t->db = proxy_start((int)strtol(pg_port, NULL, 10));
 	cr_assert_not_null(colon);
@@ -46,7 +46,7 @@ static void net_setup(struct net *t, const char *prefix, const char *const *extr
 	env[n] = NULL;
 	t->prod = fault_producer_start(&t->f, "net", 50, 20, MAX_ROWS);
 	fault_relay_start(&t->f, env);
-	fault_expect_unique(&t->f, 2000, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t->f, t->f.cons, 2000, FAULT_DELIVERY_TIMEOUT_MS);
 	cr_assert_geq(proxy_accepted(t->mq), 1, "the relay does not use the broker proxy");
 	cr_assert_geq(proxy_accepted(t->db), 1, "the relay does not use the database proxy");
 }
@@ -55,10 +55,11 @@ static void net_finish(struct net *t, const char *name)
 {
 	size_t n, lost;
 
-	fault_expect_unique(&t->f, consumer_unique(t->f.cons) + 2000, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t->f, t->f.cons, consumer_unique(t->f.cons) + 2000,
+	                      FAULT_DELIVERY_TIMEOUT_MS);
 	cr_assert_not(t->f.relays[0]->exited, "the relay process must recover by itself");
 	n = fault_producer_stop(t->prod);
-	fault_expect_unique(&t->f, n, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t->f, t->f.cons, n, FAULT_DELIVERY_TIMEOUT_MS);
 	fault_expect_settled(&t->f, 10, 60000);
 	harness_sleep_ms(1000);
 	/* Duplicates allowed: what was in flight when the network failed is sent again. */
@@ -67,16 +68,16 @@ static void net_finish(struct net *t, const char *name)
 	cr_assert_eq(
 	        harness_pg_int(t->f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", t->f.table),
 	        0, "a network fault must not charge attempts");
-	fault_teardown(&t->f);
+	fixture_teardown(&t->f);
 	proxy_stop(t->mq);
 	proxy_stop(t->db);
 }
 
-static void expect_logged(struct fault *f, const char *line, const char *what)
+static void expect_logged(struct fixture *f, const char *line, const char *what)
 {
-	if (!fault_wait_logged(f, line, FAULT_LOG_TIMEOUT_MS))
-		fault_dump_logs(f);
-	cr_assert(fault_logged(f, line), "no '%s' line after %s", line, what);
+	if (!fixture_wait_logged(f, line, FAULT_LOG_TIMEOUT_MS))
+		fixture_dump_logs(f);
+	cr_assert(fixture_logged(f, line), "no '%s' line after %s", line, what);
 }
 
 /* Lets the stall last a few seconds more, ends it, and expects the relay to reconnect (the
@@ -89,7 +90,7 @@ static void end_stall(struct net *t, struct proxy *p, const char *reconnected)
 	during = consumer_unique(t->f.cons);
 	proxy_stall(p, false);
 	expect_logged(&t->f, reconnected, "the stall ended");
-	fault_expect_unique(&t->f, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&t->f, t->f.cons, during + 1000, FAULT_DELIVERY_TIMEOUT_MS);
 }
 
 Test(fault, proxy_drop_broker_connections, .timeout = 300)
@@ -128,8 +129,8 @@ Test(fault, proxy_broker_stall_hits_confirm_timeout, .timeout = 300)
 	 * reconnects (through the proxy that is still stalled) until the stall ends. */
 	expect_logged(&t.f, "broker did not confirm the batch, unconfirmed rows released",
 	              "the broker stalled");
-	cr_assert(fault_logged(&t.f, "reason=timeout"), "the release does not say it timed out");
-	cr_assert(fault_logged(&t.f, "msg=\"lost connection, will reconnect\" to=broker"));
+	cr_assert(fixture_logged(&t.f, "reason=timeout"), "the release does not say it timed out");
+	cr_assert(fixture_logged(&t.f, "msg=\"lost connection, will reconnect\" to=broker"));
 	end_stall(&t, t.mq, "msg=\"reconnected\" to=broker");
 	net_finish(&t, "proxy_broker_stall");
 }
@@ -144,7 +145,7 @@ Test(fault, proxy_database_stall_gives_the_connection_up, .timeout = 300)
 	 * and a new one tried (through the proxy that is still stalled, so connect_timeout ends
 	 * those tries) until the stall ends. */
 	expect_logged(&t.f, "no answer from PostgreSQL within 3000 ms", "the database stalled");
-	cr_assert(fault_logged(&t.f, "msg=\"lost connection, will reconnect\" to=database"));
+	cr_assert(fixture_logged(&t.f, "msg=\"lost connection, will reconnect\" to=database"));
 	end_stall(&t, t.db, "msg=\"reconnected\" to=database");
 	net_finish(&t, "proxy_database_stall");
 }

@@ -14,16 +14,14 @@
 
 /* The test's consumer takes only "good.#", so other routing keys on the exchange have no
  * binding. */
-static void routing_setup(struct fault *f, const char *prefix)
+static void routing_setup(struct fixture *f, const char *prefix)
 {
-	fault_setup(f, prefix);
-	consumer_stop(f->cons);
-	f->cons = consumer_start(harness_amqp_url(), f->queue, f->exchange, "topic", "good.#");
+	fixture_setup(f, prefix, &(struct fixture_options){ .binding = "good.#" });
 }
 
 /* GOOD good rows in one transaction with `extra` (an INSERT's VALUES list) in the middle, so
  * the odd rows share a batch with good ones. */
-static void insert_with(struct fault *f, const char *extra)
+static void insert_with(struct fixture *f, const char *extra)
 {
 	harness_pg_exec(f->pg, "BEGIN");
 	harness_pg_exec(f->pg,
@@ -43,12 +41,12 @@ static void insert_with(struct fault *f, const char *extra)
 	harness_pg_exec(f->pg, "COMMIT");
 }
 
-static int64_t attempts_of(struct fault *f, const char *id)
+static int64_t attempts_of(struct fixture *f, const char *id)
 {
 	return harness_pg_int(f->pg, "SELECT attempts FROM %s WHERE id = '%s'", f->table, id);
 }
 
-static void expect_error(struct fault *f, const char *id, const char *want)
+static void expect_error(struct fixture *f, const char *id, const char *want)
 {
 	char *err =
 	        harness_pg_string(f->pg, "SELECT last_error FROM %s WHERE id = '%s'", f->table, id);
@@ -59,7 +57,7 @@ static void expect_error(struct fault *f, const char *id, const char *want)
 	free(err);
 }
 
-static void expect_good_uncharged(struct fault *f)
+static void expect_good_uncharged(struct fixture *f)
 {
 	cr_assert_eq(harness_pg_int(f->pg,
 	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
@@ -69,7 +67,7 @@ static void expect_good_uncharged(struct fault *f)
 }
 
 /* Every good row marked published, none of them charged for the odd row's failure. */
-static void expect_good_settled_uncharged(struct fault *f)
+static void expect_good_settled_uncharged(struct fixture *f)
 {
 	HARNESS_WAIT(harness_pg_int(f->pg,
 	                            "SELECT count(*) FROM %s WHERE id LIKE 'good-%%'"
@@ -84,7 +82,7 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	const char *const env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=100",
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
-	struct fault f;
+	struct fixture f;
 	struct consumer *bound, *created;
 	char nope[96], values[512], want[256], q2[96], q3[96];
 	size_t lost;
@@ -97,7 +95,7 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	         f.exchange, nope);
 	insert_with(&f, values);
 	fault_relay_start(&f, env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(attempts_of(&f, "unrouted-1") >= 1 && attempts_of(&f, "noexchange-1") >= 1,
 	             60000);
 	cr_assert_geq(attempts_of(&f, "unrouted-1"), 1);
@@ -118,8 +116,8 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	                            " AND available_at >= created_at + interval '1.5 seconds'",
 	                            f.table),
 	             2, "no backoff applied after the failures");
-	cr_assert(fault_logged(&f, "msg=\"could not publish, will retry\" id=unrouted-1"));
-	cr_assert(fault_logged(&f, "msg=\"could not publish, will retry\" id=noexchange-1"));
+	cr_assert(fixture_logged(&f, "msg=\"could not publish, will retry\" id=unrouted-1"));
+	cr_assert(fixture_logged(&f, "msg=\"could not publish, will retry\" id=noexchange-1"));
 	expect_good_uncharged(&f);
 
 	/* Give them a route: both are delivered on their next try. */
@@ -128,7 +126,7 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	bound = consumer_start(harness_amqp_url(), q2, f.exchange, NULL, "lonely.key");
 	created = consumer_start(harness_amqp_url(), q3, nope, "topic", "#");
 	if (!consumer_wait_unique(bound, 1, 60000) || !consumer_wait_unique(created, 1, 60000))
-		fault_dump_logs(&f);
+		fixture_dump_logs(&f);
 	cr_assert_not_null(consumer_find(bound, "unrouted-1"), "unrouted-1 not delivered");
 	cr_assert_not_null(consumer_find(created, "noexchange-1"), "noexchange-1 not delivered");
 	fault_expect_settled(&f, 100, 30000);
@@ -141,7 +139,7 @@ Test(fault, unroutable_and_missing_exchange, .timeout = 300)
 	expect_good_uncharged(&f);
 	consumer_stop(bound);
 	consumer_stop(created);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }
 
 Test(fault, precondition_failed_charges_only_its_row, .timeout = 300)
@@ -149,7 +147,7 @@ Test(fault, precondition_failed_charges_only_its_row, .timeout = 300)
 	const char *const env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=100",
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
-	struct fault f;
+	struct fixture f;
 	char values[256];
 	size_t lost;
 
@@ -159,7 +157,7 @@ Test(fault, precondition_failed_charges_only_its_row, .timeout = 300)
 	         f.exchange);
 	insert_with(&f, values);
 	fault_relay_start(&f, env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(attempts_of(&f, "wrong-user-1") >= 1, 60000);
 	cr_assert_geq(attempts_of(&f, "wrong-user-1"), 1);
 	/* The broker's own reply text. */
@@ -170,14 +168,14 @@ Test(fault, precondition_failed_charges_only_its_row, .timeout = 300)
 	harness_sleep_ms(1000);
 	(void)fault_count(&f, "precondition_failed", "good", GOOD, &lost);
 	cr_assert_eq(lost, 0, "%zu good rows never arrived", lost);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }
 
 Test(fault, max_attempts_makes_unroutable_row_dead, .timeout = 300)
 {
 	/* No relay is killed: a long lease, so that only the return can cause a resend. */
 	const char *const env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=2", "OUTBOX_RELAY_LEASE=60s", NULL };
-	struct fault f;
+	struct fixture f;
 	char values[256];
 	size_t lost, dups;
 
@@ -186,28 +184,28 @@ Test(fault, max_attempts_makes_unroutable_row_dead, .timeout = 300)
 	         f.exchange);
 	insert_with(&f, values);
 	fault_relay_start(&f, env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(attempts_of(&f, "doomed-1") >= 2, 60000);
 	cr_assert_eq(attempts_of(&f, "doomed-1"), 2);
-	cr_assert(fault_wait_logged(&f, "message is dead", FAULT_LOG_TIMEOUT_MS));
+	cr_assert(fixture_wait_logged(&f, "message is dead", FAULT_LOG_TIMEOUT_MS));
 	/* Several poll intervals: a dead row is never claimed again. */
 	harness_sleep_ms(2000);
 	cr_assert_eq(attempts_of(&f, "doomed-1"), 2);
-	cr_assert_eq(fault_log_count(&f, "message is dead"), 1,
+	cr_assert_eq(fixture_log_count(&f, "message is dead"), 1,
 	             "the dead row logged more than once");
-	cr_assert_eq(fault_log_count(&f, "level=error"), 1);
-	cr_assert_eq(fault_log_count(&f, "msg=\"message is dead, an operator must requeue or"
-	                                 " discard it\" id=doomed-1"),
+	cr_assert_eq(fixture_log_count(&f, "level=error"), 1);
+	cr_assert_eq(fixture_log_count(&f, "msg=\"message is dead, an operator must requeue or"
+	                                   " discard it\" id=doomed-1"),
 	             1);
-	cr_assert_eq(fault_log_count(&f, "msg=\"could not publish, will retry\" id=doomed-1"), 1,
+	cr_assert_eq(fixture_log_count(&f, "msg=\"could not publish, will retry\" id=doomed-1"), 1,
 	             "the first failure is logged once");
-	cr_assert_eq(fault_log_count(&f, "level=warn"), 1, "the first failure is a warning");
+	cr_assert_eq(fixture_log_count(&f, "level=warn"), 1, "the first failure is a warning");
 	expect_error(&f, "doomed-1", "unroutable");
 	dups = fault_count(&f, "max_attempts", "good", GOOD, &lost);
 	cr_assert_eq(lost, 0);
 	cr_assert_eq(dups, 0, "basic.return must not resend other rows");
 	expect_good_uncharged(&f);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }
 
 /* A broker user that may write to every exchange except those whose name ends in "_denied". */
@@ -226,7 +224,7 @@ static void add_limited_user(const char *user)
 Test(fault, access_refused_charges_only_its_row, .timeout = 300)
 {
 	const char *ctl = harness_require_env("RELAY_TEST_RABBITMQCTL");
-	struct fault f;
+	struct fixture f;
 	struct consumer *denied_cons;
 	char user[64], url[256], url_env[300], denied[96], q2[96], values[256];
 	size_t lost;
@@ -248,25 +246,25 @@ Test(fault, access_refused_charges_only_its_row, .timeout = 300)
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
 		                    "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
 	fault_relay_start(&f, env);
-	fault_expect_unique(&f, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, GOOD, FAULT_DELIVERY_TIMEOUT_MS);
 	HARNESS_WAIT(attempts_of(&f, "refused-1") >= 1, 60000);
 	cr_assert_geq(attempts_of(&f, "refused-1"), 1);
 	/* The broker's own reply text, naming the exchange and the user. */
 	expect_error(&f, "refused-1", "ACCESS_REFUSED");
 	expect_error(&f, "refused-1", denied);
 	expect_error(&f, "refused-1", user);
-	cr_assert(fault_logged(&f, "msg=\"could not publish, will retry\" id=refused-1"));
+	cr_assert(fixture_logged(&f, "msg=\"could not publish, will retry\" id=refused-1"));
 	cr_assert_eq(consumer_unique(denied_cons), 0, "a refused publish arrived");
 	expect_good_settled_uncharged(&f);
 	/* The relay never logged its user's password. */
-	cr_assert_not(fault_logged(&f, "limited-pw"), "the password appeared in a log");
+	cr_assert_not(fixture_logged(&f, "limited-pw"), "the password appeared in a log");
 
 	/* Grant the permission: the row goes out on its next try, on a channel opened since. */
 	cr_assert_eq(
 	        harness_shell("%s set_permissions -p / %s '.*' '.*' '.*' >/dev/null", ctl, user),
 	        0);
 	if (!consumer_wait_unique(denied_cons, 1, 60000))
-		fault_dump_logs(&f);
+		fixture_dump_logs(&f);
 	cr_assert_not_null(consumer_find(denied_cons, "refused-1"), "refused-1 not delivered");
 	fault_expect_settled(&f, 100, 30000);
 
@@ -275,6 +273,6 @@ Test(fault, access_refused_charges_only_its_row, .timeout = 300)
 	(void)fault_count(&f, "access_refused", "good", GOOD, &lost);
 	cr_assert_eq(lost, 0, "%zu good rows never arrived", lost);
 	consumer_stop(denied_cons);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 	(void)harness_shell("%s delete_user %s >/dev/null", ctl, user);
 }

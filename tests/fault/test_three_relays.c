@@ -12,15 +12,15 @@ Test(fault, three_relays_no_faults, .timeout = 400)
 {
 	static const char *const ids[] = { "OUTBOX_RELAY_ID=relay-a", "OUTBOX_RELAY_ID=relay-b",
 		                           "OUTBOX_RELAY_ID=relay-c" };
-	struct fault f;
+	struct fixture f;
 	size_t lost, dups;
 
-	fault_setup(&f, "fault_three");
+	fixture_setup(&f, "fault_three", NULL);
 	harness_insert_rows(f.pg, f.table, ROWS, f.exchange, "three.relays", "three", NULL, NULL);
 	for (int i = 0; i < 3; i++)
 		fault_relay_start(&f, (const char *const[]){ ids[i], "OUTBOX_RELAY_BATCH_SIZE=100",
 		                                             "OUTBOX_RELAY_LEASE=60s", NULL });
-	fault_expect_unique(&f, ROWS, FAULT_DELIVERY_TIMEOUT_MS);
+	fixture_expect_unique(&f, f.cons, ROWS, FAULT_DELIVERY_TIMEOUT_MS);
 	fault_expect_settled(&f, 10, 60000);
 	harness_sleep_ms(1500);
 	dups = fault_count(&f, "three_relays", "three", ROWS, &lost);
@@ -30,5 +30,5 @@ Test(fault, three_relays_no_faults, .timeout = 400)
 	             0);
 	for (size_t i = 0; i < f.n_relays; i++)
 		cr_assert_not(f.relays[i]->exited, "relay %zu died", i);
-	fault_teardown(&f);
+	fixture_teardown(&f);
 }

@@ -1,11 +1,10 @@
-/* fault.c — the steps every fault test shares: setup, relays with short timings, a producer
+/* fault.c — what the fault tests add to the fixture: relays with short timings, a producer
  * that keeps committing through a fault, and the lost/duplicate count (see fault.h). */
 #include "tests/support/fault.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,37 +21,6 @@ static const char *const fault_defaults[] = {
 	NULL,
 };
 
-void fault_setup(struct fault *f, const char *prefix)
-{
-	memset(f, 0, sizeof(*f));
-	harness_unique_name(f->table, sizeof(f->table), prefix);
-	snprintf(f->exchange, sizeof(f->exchange), "%s_ex", f->table);
-	snprintf(f->queue, sizeof(f->queue), "%s_q", f->table);
-	f->pg = harness_pg_connect();
-	harness_migrate(f->table);
-	f->cons = consumer_start(harness_amqp_url(), f->queue, f->exchange, "topic", "#");
-}
-
-void fault_teardown(struct fault *f)
-{
-	for (size_t i = 0; i < f->n_relays; i++) {
-		char name[32];
-
-		snprintf(name, sizeof(name), "relay %zu", i);
-		harness_relay_finish(f->relays[i], name);
-	}
-	f->n_relays = 0;
-	consumer_stop(f->cons);
-	/* The server may have been restarted under the old connection. */
-	if (PQstatus(f->pg) != CONNECTION_OK) {
-		PQfinish(f->pg);
-		f->pg = harness_pg_connect_retry(30000);
-	}
-	if (f->pg)
-		harness_pg_exec(f->pg, "DROP TABLE IF EXISTS %s CASCADE", f->table);
-	PQfinish(f->pg);
-}
-
 static bool same_name(const char *a, const char *b)
 {
 	size_t n = strcspn(a, "=");
@@ -60,12 +28,11 @@ static bool same_name(const char *a, const char *b)
 	return strncmp(a, b, n) == 0 && b[n] == '=';
 }
 
-struct harness_relay *fault_relay_start(struct fault *f, const char *const *env)
+struct harness_relay *fault_relay_start(struct fixture *f, const char *const *env)
 {
 	const char *merged[MAX_ENV];
 	size_t n = 0;
 
-	cr_assert_lt(f->n_relays, FAULT_MAX_RELAYS, "too many relays for one test");
 	for (size_t i = 0; fault_defaults[i]; i++) {
 		bool replaced = false;
 
@@ -79,46 +46,10 @@ struct harness_relay *fault_relay_start(struct fault *f, const char *const *env)
 		merged[n++] = env[k];
 	}
 	merged[n] = NULL;
-	f->relays[f->n_relays] = harness_relay_start(f->table, merged, NULL);
-	return f->relays[f->n_relays++];
+	return fixture_relay_start(f, merged);
 }
 
-int fault_log_count(struct fault *f, const char *needle)
-{
-	int n = 0;
-
-	for (size_t i = 0; i < f->n_relays; i++)
-		n += harness_relay_log_count(f->relays[i], needle);
-	return n;
-}
-
-bool fault_logged(struct fault *f, const char *needle)
-{
-	return fault_log_count(f, needle) > 0;
-}
-
-bool fault_wait_logged(struct fault *f, const char *needle, int64_t timeout_ms)
-{
-	HARNESS_WAIT(fault_logged(f, needle), timeout_ms);
-	return fault_logged(f, needle);
-}
-
-void fault_dump_logs(struct fault *f)
-{
-	for (size_t i = 0; i < f->n_relays; i++)
-		harness_relay_dump_log(f->relays[i]);
-}
-
-void fault_expect_unique(struct fault *f, size_t n, int64_t timeout_ms)
-{
-	if (consumer_wait_unique(f->cons, n, timeout_ms))
-		return;
-	fault_dump_logs(f);
-	cr_assert_fail("only %zu of %zu messages arrived within %lld ms", consumer_unique(f->cons),
-	               n, (long long)timeout_ms);
-}
-
-static int64_t unsettled(struct fault *f, int max_attempts)
+static int64_t unsettled(struct fixture *f, int max_attempts)
 {
 	return harness_pg_int(f->pg,
 	                      "SELECT count(*) FROM %s"
@@ -127,7 +58,7 @@ static int64_t unsettled(struct fault *f, int max_attempts)
 	                      f->table, max_attempts);
 }
 
-void fault_expect_settled(struct fault *f, int max_attempts, int64_t timeout_ms)
+void fault_expect_settled(struct fixture *f, int max_attempts, int64_t timeout_ms)
 {
 	int64_t left;
 
@@ -139,11 +70,11 @@ void fault_expect_settled(struct fault *f, int max_attempts, int64_t timeout_ms)
 	HARNESS_WAIT(unsettled(f, max_attempts) == 0, timeout_ms);
 	left = unsettled(f, max_attempts);
 	if (left != 0)
-		fault_dump_logs(f);
+		fixture_dump_logs(f);
 	cr_assert_eq(left, 0, "%lld rows still pending or leased", (long long)left);
 }
 
-size_t fault_count(struct fault *f, const char *name, const char *prefix, size_t n, size_t *lost)
+size_t fault_count(struct fixture *f, const char *name, const char *prefix, size_t n, size_t *lost)
 {
 	size_t missing = 0, received = consumer_received(f->cons);
 	size_t dups = consumer_duplicates(f->cons);
@@ -228,8 +159,8 @@ static void *producer_main(void *arg)
 	return NULL;
 }
 
-struct fault_producer *fault_producer_start(const struct fault *f, const char *prefix, size_t chunk,
-                                            int64_t pause_ms, size_t max_rows)
+struct fault_producer *fault_producer_start(const struct fixture *f, const char *prefix,
+                                            size_t chunk, int64_t pause_ms, size_t max_rows)
 {
 	struct fault_producer *p = calloc(1, sizeof(*p));
 
