@@ -158,15 +158,16 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 }
 
 /* The given value as it goes into an error line: quoted, control characters masked, long
- * values cut; a secret is never echoed, not even redacted, since it may be malformed in a
- * way the redactor does not recognise. */
+ * values cut. A secret goes through redact_conninfo() first, which masks whatever it is
+ * unsure of; cutting or masking characters after that cannot bring a secret back. */
 static void given_text(const struct config_key *k, const char *v, char *buf, size_t n)
 {
+	char redacted[512];
 	size_t len = 0;
 
 	if (k && k->sensitive) {
-		snprintf(buf, n, "a value not shown (secret)");
-		return;
+		redact_conninfo(v, redacted, sizeof(redacted));
+		v = redacted;
 	}
 	buf[len++] = '"';
 	for (const char *p = v; *p && len + 6 < n; p++) {
@@ -179,6 +180,26 @@ static void given_text(const struct config_key *k, const char *v, char *buf, siz
 	}
 	buf[len++] = '"';
 	buf[len] = '\0';
+}
+
+/* A name (of a key, variable or section) as it goes into an error line: as given when it has
+ * the shape of a name, else not at all. Names come from the file, the environment and --set,
+ * where a misplaced value ({"postgresql://u:secret@h/db": 1}) would otherwise be echoed. */
+static bool safe_name(const char *name, size_t len, char *buf, size_t n)
+{
+	bool plain = len > 0 && len <= 100;
+
+	for (size_t i = 0; i < len && plain; i++) {
+		char c = name[i];
+
+		plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		        (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+	}
+	if (plain)
+		snprintf(buf, n, "%.*s", (int)len, name);
+	else
+		snprintf(buf, n, "(a name not shown: it holds characters no key has)");
+	return plain;
 }
 
 static void report_bad(struct config_errors *errs, const struct config_key *k,
@@ -297,6 +318,26 @@ static int load_defaults(struct slot *slots, struct config_errors *errs)
 	return 0;
 }
 
+static const char *json_kind_text(enum config_json_kind kind)
+{
+	switch (kind) {
+	case CONFIG_JSON_STRING:
+		return "a string";
+	case CONFIG_JSON_INT:
+	case CONFIG_JSON_REAL:
+		return "a number";
+	case CONFIG_JSON_BOOL:
+		return "a boolean";
+	case CONFIG_JSON_NULL:
+		return "null";
+	case CONFIG_JSON_ARRAY:
+		return "an array";
+	case CONFIG_JSON_OBJECT:
+	default:
+		return "an object";
+	}
+}
+
 static void load_file(const char *path, struct slot *slots, struct config_errors *errs)
 {
 	struct config_file f = { NULL, 0 };
@@ -311,17 +352,21 @@ static void load_file(const char *path, struct slot *slots, struct config_errors
 
 		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
 		if (idx < 0 && config_key_is_section(e->key)) {
+			/* Not the value: {"database": "postgresql://u:secret@h/db"} is a URL
+			 * put where the section goes. */
 			config_errors_add(errs,
-			                  "%s: got %s (%s); allowed: an object holding %s.* "
-			                  "keys",
-			                  e->key, e->text, source, e->key);
+			                  "%s: got %s (%s); allowed: an object holding %s.* keys",
+			                  e->key, json_kind_text(e->kind), source, e->key);
 			continue;
 		}
 		if (idx < 0) {
+			char name[128];
+
+			safe_name(e->key, strlen(e->key), name, sizeof(name));
 			config_errors_add(errs,
 			                  "%s: unknown key (%s); allowed: a key listed by "
 			                  "`outbox-relay config show`",
-			                  e->key, source);
+			                  name, source);
 			continue;
 		}
 		for (size_t j = 0; j < i; j++) {
@@ -368,12 +413,6 @@ static bool env_name_is(const char *entry, size_t name_len, const char *name, co
 	if (name_len != len + strlen(suffix))
 		return false;
 	return strncmp(entry, name, len) == 0 && strncmp(entry + len, suffix, strlen(suffix)) == 0;
-}
-
-/* name[0, len) as it goes into an error line. */
-static void safe_name(const char *name, size_t len, char *buf, size_t n)
-{
-	snprintf(buf, n, "%.*s", (int)len, name);
 }
 
 /* Where one OUTBOX_* variable goes: key *idx as a value or, with the _FILE suffix, as the
@@ -514,21 +553,30 @@ static void load_sets(const struct config_sources *src, struct slot *slots,
                       struct config_errors *errs)
 {
 	for (size_t i = 0; i < src->nsets; i++) {
-		const char *set = src->sets[i];
-		const char *eq = set ? strchr(set, '=') : NULL;
+		const char *set = src->sets[i] ? src->sets[i] : "";
+		const char *eq = strchr(set, '=');
 		char key[128];
 		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, "flag --set" };
 		int idx;
 
 		if (!eq) {
-			config_errors_add(errs,
-			                  "--set \"%s\": missing '=' (flag --set); allowed: "
-			                  "key=value",
-			                  set ? set : "");
+			/* "--set amqp.url amqp://u:secret@h" lost its '=': show a key, not that. */
+			if (safe_name(set, strlen(set), key, sizeof(key)))
+				config_errors_add(
+				        errs,
+				        "--set \"%s\": missing '=' (flag --set); allowed: "
+				        "key=value",
+				        key);
+			else
+				config_errors_add(
+				        errs,
+				        "--set argument %zu: missing '=' (flag --set), not shown "
+				        "since it is no key name; allowed: key=value",
+				        i + 1);
 			continue;
 		}
-		snprintf(key, sizeof(key), "%.*s", (int)(eq - set), set);
-		idx = config_key_index(key);
+		idx = safe_name(set, (size_t)(eq - set), key, sizeof(key)) ? config_key_index(key)
+		                                                           : -1;
 		if (idx < 0) {
 			config_errors_add(errs,
 			                  "%s: unknown key (flag --set); allowed: a key "

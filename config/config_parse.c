@@ -388,6 +388,12 @@ int config_file_read(const char *path, struct config_file *out, struct config_er
 	config_strip_comments(text);
 	root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
+		/* jansson quotes the token it stopped at ("invalid escape near '"amqp://u:pw\\q'"):
+		 * that may be part of a password, and line:column already say where it is. */
+		char *near = strstr(jerr.text, " near '");
+
+		if (near)
+			*near = '\0';
 		config_errors_add(errs, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column,
 		                  jerr.text);
 		goto out;

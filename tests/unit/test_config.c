@@ -230,8 +230,8 @@ Test(config, several_errors_at_once_with_locations)
 	expect_error("database.channel: got \"42\"");
 	expect_error("log.level: got \"3\" (file ");
 	expect_error("errors.json:9); allowed: one of debug, info, warn, error");
-	/* secret never echoed, even when invalid */
-	expect_error("amqp.url: got a value not shown (secret) (file ");
+	/* secret never echoed, even when invalid: shown redacted */
+	expect_error("amqp.url: got \"http://user:***@host/\" (file ");
 	for (size_t i = 0; i < errs.n; i++)
 		cr_assert_null(strstr(errs.lines[i], "topsecret"), "leaked: %s", errs.lines[i]);
 	cr_assert_eq(errs.n, 8, "expected 8 errors, got %zu", errs.n);
@@ -308,7 +308,7 @@ Test(config, section_given_a_scalar)
 	teardown();
 	cr_assert_null(load(fixture("section_scalar.json"), NULL, NULL, 0));
 	cr_assert_eq(errs.n, 2);
-	expect_error("relay: got 5 (file ");
+	expect_error("relay: got a number (file ");
 	expect_error("section_scalar.json:2); allowed: an object holding relay.* keys");
 	expect_error("amqp.tls.ca_file: got \"{...}\" (file ");
 	expect_error("section_scalar.json:4); allowed: a string");
@@ -609,4 +609,66 @@ Test(config, enum_values_round_trip)
 	cr_assert_str_eq(value((size_t)config_key_index("log.level")), "error");
 	cr_assert_str_eq(value((size_t)config_key_index("log.format")), "json");
 	cr_assert_str_eq(value((size_t)config_key_index("relay.ordering")), "skip-dead");
+}
+
+static void expect_no_leak(const char *secret)
+{
+	for (size_t i = 0; i < errs.n; i++)
+		cr_assert_null(strstr(errs.lines[i], secret), "leaked %s: %s", secret,
+		               errs.lines[i]);
+}
+
+/* {"database": "postgresql://..."}: a URL where a section goes is not printed. */
+Test(config, section_given_a_secret_string)
+{
+	cr_assert_null(load(fixture("section_secret.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 2);
+	expect_error("database: got a string (file ");
+	expect_error("section_secret.json:2); allowed: an object holding database.* keys");
+	expect_error("amqp: got a string (file ");
+	expect_no_leak("S3cret");
+	expect_no_leak("relay:");
+}
+
+/* jansson quotes the token it stopped at, which here is half a password. */
+Test(config, json_syntax_error_does_not_quote_the_value)
+{
+	cr_assert_null(load(fixture("syntax_secret.json"), NULL, NULL, 0));
+	cr_assert_eq(errs.n, 1);
+	expect_error("syntax_secret.json:3:");
+	expect_error("invalid JSON: invalid escape");
+	expect_no_leak("S3cr");
+}
+
+Test(config, names_that_hold_values_are_not_echoed)
+{
+	const char *env[] = { "OUTBOX_X:S3cretEnv@h=1", NULL };
+	const char *sets[] = { "amqp.url amqp://relay:S3cretSet@mq", "amqp://u:S3cretKey@mq=1",
+		               "relay.batch_sise=5" };
+
+	cr_assert_null(load(fixture("key_secret.json"), env, sets, 3));
+	expect_no_leak("S3cret");
+	expect_error("(a name not shown: it holds characters no key has): unknown key (file ");
+	expect_error("key_secret.json:2)");
+	expect_error("unknown configuration variable");
+	expect_error("--set argument 1: missing '='");
+	expect_error(
+	        "(a name not shown: it holds characters no key has): unknown key (flag --set)");
+	/* a plain typo is still named */
+	expect_error("relay.batch_sise: unknown key (flag --set)");
+	/* a number for a URL is shown through the redactor, which masks what it cannot read */
+	expect_error("database.url: got \"***\" (file ");
+	expect_no_leak("12345678");
+}
+
+Test(config, bad_secret_values_are_shown_redacted)
+{
+	const char *env[] = { "OUTBOX_AMQP_URL=ampq://relay:S3cretMq@mq:5672/%2f", NULL };
+	const char *sets[] = { "amqp.tls.verify_peer=S3cretNot" };
+
+	cr_assert_null(load(NULL, env, sets, 1));
+	expect_error("amqp.url: got \"ampq://relay:***@mq:5672/%2f\" (env OUTBOX_AMQP_URL)");
+	expect_no_leak("S3cretMq");
+	/* keys that hold no secret show their value as given */
+	expect_error("amqp.tls.verify_peer: got \"S3cretNot\"");
 }
