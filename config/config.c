@@ -78,14 +78,25 @@ static bool listen_valid(const char *s)
 	return *s == '\0' || hostport_parse(s, &hp, NULL, 0) == 0;
 }
 
-static bool check_string(const struct config_key *k, const char *v)
+/* A table or channel name that fails only for a reserved word says which word: the rule
+ * is not one an operator would guess from "an SQL identifier". */
+static bool identifier_checked(const char *v, bool valid, char *why, size_t n)
+{
+	char word[64];
+
+	if (!valid && identifier_reserved_word(v, word, sizeof(word)))
+		snprintf(why, n, "'%s' is a reserved word in PostgreSQL", word);
+	return valid;
+}
+
+/* Checks v for string key k. On failure why may say more than allowed_text() does. */
+static bool check_string(const struct config_key *k, const char *v, char *why, size_t n)
 {
 	switch (k->check) {
-	case CONFIG_CHECK_TABLE: {
-		return identifier_table_name_valid(v);
-	}
+	case CONFIG_CHECK_TABLE:
+		return identifier_checked(v, identifier_table_name_valid(v), why, n);
 	case CONFIG_CHECK_CHANNEL:
-		return identifier_plain_valid(v);
+		return identifier_checked(v, identifier_plain_valid(v), why, n);
 	case CONFIG_CHECK_AMQP_URLS:
 		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
 	case CONFIG_CHECK_LISTEN:
@@ -134,10 +145,12 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		snprintf(buf, n,
 		         "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,50} (51 bytes at most, "
 		         "so that derived index names fit), optionally schema-qualified "
-		         "(schema.table)");
+		         "(schema.table), no part a reserved word of PostgreSQL");
 		break;
 	case CONFIG_CHECK_CHANNEL:
-		snprintf(buf, n, "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema");
+		snprintf(buf, n,
+		         "an SQL identifier [A-Za-z_][A-Za-z0-9_]{0,62}, no schema, not a reserved "
+		         "word of PostgreSQL");
 		break;
 	case CONFIG_CHECK_AMQP_URLS:
 		snprintf(buf, n, "a URL starting with amqp:// or amqps://");
@@ -203,13 +216,14 @@ static bool safe_name(const char *name, size_t len, char *buf, size_t n)
 }
 
 static void report_bad(struct config_errors *errs, const struct config_key *k,
-                       const struct given *g)
+                       const struct given *g, const char *why)
 {
-	char got[160], allowed[256];
+	char got[160], allowed[320];
 
 	given_text(k, g->text, got, sizeof(got));
 	allowed_text(k, allowed, sizeof(allowed));
-	config_errors_add(errs, "%s: got %s (%s); allowed: %s", k->name, got, g->source, allowed);
+	config_errors_add(errs, "%s: got %s (%s)%s%s; allowed: %s", k->name, got, g->source,
+	                  *why ? ": " : "", why, allowed);
 }
 
 /* Parses g for key k into s. On a bad value reports it and leaves s's value as it was. */
@@ -220,11 +234,12 @@ static int assign(struct slot *s, const struct config_key *k, const struct given
 	bool flag = false;
 	bool from_string = g->kind == CONFIG_JSON_STRING;
 	bool ok = false;
+	char why[160] = "";
 	char *text, *source;
 
 	switch (k->type) {
 	case CONFIG_STRING:
-		ok = from_string && check_string(k, g->text);
+		ok = from_string && check_string(k, g->text, why, sizeof(why));
 		break;
 	case CONFIG_INT:
 		ok = (from_string || g->kind == CONFIG_JSON_INT) &&
@@ -249,7 +264,7 @@ static int assign(struct slot *s, const struct config_key *k, const struct given
 		break;
 	}
 	if (!ok) {
-		report_bad(errs, k, g);
+		report_bad(errs, k, g, why);
 		s->failed = true;
 		return -1;
 	}

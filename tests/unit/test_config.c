@@ -672,3 +672,19 @@ Test(config, bad_secret_values_are_shown_redacted)
 	/* keys that hold no secret show their value as given */
 	expect_error("amqp.tls.verify_peer: got \"S3cretNot\"");
 }
+
+Test(config, reserved_words_are_refused_with_the_reason)
+{
+	const char *sets[] = { "database.table=user", "database.channel=Select" };
+	const char *env[] = { "OUTBOX_DATABASE_TABLE=app.order", NULL };
+
+	cr_assert_null(load(NULL, NULL, sets, 2));
+	cr_assert_eq(errs.n, 2);
+	expect_error("database.table: got \"user\" (flag --set): 'user' is a reserved word in "
+	             "PostgreSQL; allowed: an SQL identifier");
+	expect_error("database.channel: got \"Select\" (flag --set): 'Select' is a reserved word "
+	             "in PostgreSQL; allowed:");
+	teardown();
+	cr_assert_null(load(NULL, env, NULL, 0));
+	expect_error("'order' is a reserved word in PostgreSQL");
+}
