@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "tests/support/consumer.h"
+#include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 #include "tests/support/tcp_proxy.h"
 
@@ -335,6 +337,8 @@ Test(harness, consumer_on_default_exchange)
 #define PROBE_ENV    "RELAY_TEST_ORPHAN_PROBE"
 #define PROBE_MARKER "orphan probe: relay pid="
 
+/* The probe's part, on the outer run's fixture: table given, exchange and queue named as
+ * fixture_setup() names them. */
 static void probe_child(const char *table, bool by_sigkill)
 {
 	char ex[64], q[64];
@@ -396,10 +400,11 @@ static bool no_children_left(void)
 
 static void run_probe(const char *test)
 {
-	char table[48], exe[PATH_MAX], filter[128], e_probe[128], e_pg[1100], e_amqp[600],
-	        e_bin[PATH_MAX + 32], ex[64], q[64];
+	char exe[PATH_MAX], filter[128], e_probe[128], e_pg[1100], e_amqp[600],
+	        e_bin[PATH_MAX + 32];
 	const char *const env[] = { e_probe, e_pg, e_amqp, e_bin, NULL };
 	struct harness_relay *probe;
+	struct fixture fx;
 	char *log, *mark;
 	long pid;
 	ssize_t n;
@@ -408,13 +413,14 @@ static void run_probe(const char *test)
 
 	cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0, "PR_SET_CHILD_SUBREAPER: %s",
 	             strerror(errno));
-	harness_unique_name(table, sizeof(table), "hx_orphan");
-	harness_migrate(table);
+	/* The probe's relay runs on fx's table, its consumer shares fx's queue: fx's teardown
+	 * removes them whatever the probe left. */
+	fixture_setup(&fx, "hx_orphan", NULL);
 	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	cr_assert(n > 0, "readlink /proc/self/exe: %s", strerror(errno));
 	exe[n] = '\0';
 	snprintf(filter, sizeof(filter), "--filter=harness/%s", test);
-	snprintf(e_probe, sizeof(e_probe), PROBE_ENV "=%s", table);
+	snprintf(e_probe, sizeof(e_probe), PROBE_ENV "=%s", fx.table);
 	snprintf(e_pg, sizeof(e_pg), "RELAY_TEST_PG=%s", harness_pg_conninfo());
 	snprintf(e_amqp, sizeof(e_amqp), "RELAY_TEST_AMQP=%s", harness_amqp_url());
 	snprintf(e_bin, sizeof(e_bin), "RELAY_TEST_BIN=%s", harness_relay_bin());
@@ -437,25 +443,16 @@ static void run_probe(const char *test)
 
 	/* A relay killed as its parent died comes back here as a zombie and is reaped above;
 	 * one still running after this long outlived the failed test. */
-	HARNESS_WAIT(!relay_alive((pid_t)pid, table) && no_children_left(), 15000);
-	alive = relay_alive((pid_t)pid, table);
+	HARNESS_WAIT(!relay_alive((pid_t)pid, fx.table) && no_children_left(), 15000);
+	alive = relay_alive((pid_t)pid, fx.table);
 	leftovers = !no_children_left();
 	if (alive) {
 		kill((pid_t)pid, SIGKILL);
 		waitpid((pid_t)pid, NULL, 0);
 	}
-
-	/* The probe's consumer left its queue and exchange; this one deletes them. */
-	snprintf(ex, sizeof(ex), "%s_ex", table);
-	snprintf(q, sizeof(q), "%s_q", table);
-	consumer_stop(consumer_start(harness_amqp_url(), q, ex, "topic", "#"));
-	{
-		PGconn *c = harness_pg_connect();
-
-		harness_pg_exec(c, "DROP TABLE IF EXISTS %s CASCADE", table);
-		PQfinish(c);
-	}
-	cr_assert_not(alive, "relay %ld (table %s) still runs after its test failed", pid, table);
+	fixture_teardown(&fx);
+	cr_assert_not(alive, "relay %ld (table %s) still runs after its test failed", pid,
+	              fx.table);
 	cr_assert_not(leftovers, "a process the failed test started is still running");
 }
 
@@ -477,4 +474,35 @@ Test(harness, killed_test_ends_the_processes_it_started, .timeout = 300)
 		probe_child(table, true);
 	else
 		run_probe("killed_test_ends_the_processes_it_started");
+}
+
+/* The kernel sends PR_SET_PDEATHSIG when the thread that forked exits, not the process: a
+ * process started on a thread that ends early must still run (the harness forks on a thread
+ * of its own). A failure to start would fail the test from this thread, which criterion
+ * reports as a crash: still a failure. */
+static void *start_sleep(void *arg)
+{
+	struct harness_relay *r;
+
+	(void)arg;
+	r = harness_program_start("/bin/sleep", (const char *const[]){ "300", NULL }, NULL,
+	                          "sleep");
+	/* Long enough for the child to have asked for the signal before this thread ends. */
+	harness_sleep_ms(500);
+	return r;
+}
+
+Test(harness, a_process_outlives_the_thread_that_started_it, .timeout = 60)
+{
+	struct harness_relay *r = NULL;
+	pthread_t t;
+
+	cr_assert_eq(pthread_create(&t, NULL, start_sleep, NULL), 0);
+	cr_assert_eq(pthread_join(t, (void **)&r), 0);
+	cr_assert_not_null(r);
+	harness_sleep_ms(1000);
+	cr_assert_eq(harness_relay_wait(r, 0), -1,
+	             "the process ended with its starting thread (status %d)", r->status);
+	cr_assert_eq(harness_relay_stop(r, SIGTERM, 30000), 128 + SIGTERM);
+	harness_relay_free(r);
 }

@@ -562,7 +562,9 @@ static void exec_child(const struct spawn_req *req, pid_t parent)
 	int devnull;
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* The parent may have died before the line above: then no signal will come. */
+	/* The test process may have died before the line above: then no signal will come. (A
+	 * forking thread that ended early would go unnoticed here, as getppid() names the
+	 * process: hence the spawner thread, which never ends.) */
 	if (getppid() != parent)
 		_exit(127);
 	/* The spawner thread's mask is the test thread's at its creation; a relay must start
