@@ -89,6 +89,36 @@ static bool identifier_checked(const char *v, bool valid, char *why, size_t n)
 	return valid;
 }
 
+/* amqp.url: URLs separated by commas, each amqp:// or amqps://. A wrong one is named by its
+ * position, since the URL itself may hold a password. */
+static bool amqp_urls_valid(const char *v, char *why, size_t n)
+{
+	size_t count = 1, pos = 1;
+
+	for (const char *p = v; *p; p++)
+		count += *p == ',';
+	for (const char *p = v;; pos++) {
+		size_t len = strcspn(p, ",");
+		bool ok = (len >= 7 && strncmp(p, "amqp://", 7) == 0) ||
+		          (len >= 8 && strncmp(p, "amqps://", 8) == 0);
+
+		if (!ok) {
+			if (count > 1 && len == 0)
+				snprintf(why, n, "URL %zu of %zu is empty", pos, count);
+			else if (count > 1)
+				snprintf(why, n,
+				         "URL %zu of %zu does not start with amqp:// or amqps:// "
+				         "(a comma "
+				         "inside a URL is written %%2C)",
+				         pos, count);
+			return false;
+		}
+		if (p[len] == '\0')
+			return true;
+		p += len + 1;
+	}
+}
+
 /* Checks v for string key k. On failure why may say more than allowed_text() does. */
 static bool check_string(const struct config_key *k, const char *v, char *why, size_t n)
 {
@@ -98,7 +128,7 @@ static bool check_string(const struct config_key *k, const char *v, char *why, s
 	case CONFIG_CHECK_CHANNEL:
 		return identifier_checked(v, identifier_plain_valid(v), why, n);
 	case CONFIG_CHECK_AMQP_URLS:
-		return strncmp(v, "amqp://", 7) == 0 || strncmp(v, "amqps://", 8) == 0;
+		return amqp_urls_valid(v, why, n);
 	case CONFIG_CHECK_LISTEN:
 		return listen_valid(v);
 	case CONFIG_CHECK_RELAY_ID:
@@ -125,6 +155,14 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		config_format_duration(k->max, hi, sizeof(hi));
 		snprintf(buf, n, "%sa duration %s..%s (500ms, 30s, 5m, 2h, 7d or seconds)",
 		         k->zero_ok ? "0 or " : "", lo, hi);
+		return;
+	case CONFIG_SIZE:
+		config_format_size(k->min, lo, sizeof(lo));
+		config_format_size(k->max, hi, sizeof(hi));
+		snprintf(buf, n,
+		         "a size %s..%s: bytes, or a whole number with KiB, MiB or GiB (k, m, g or "
+		         "K, M, G are the same powers of 1024)",
+		         lo, hi);
 		return;
 	case CONFIG_ENUM: {
 		size_t len = 0;
@@ -153,7 +191,9 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		         "word of PostgreSQL");
 		break;
 	case CONFIG_CHECK_AMQP_URLS:
-		snprintf(buf, n, "a URL starting with amqp:// or amqps://");
+		snprintf(buf, n,
+		         "a URL starting with amqp:// or amqps://, or several separated by commas "
+		         "(no blanks)");
 		break;
 	case CONFIG_CHECK_LISTEN:
 		snprintf(buf, n,
@@ -261,6 +301,11 @@ static int assign(struct slot *s, const struct config_key *k, const struct given
 		break;
 	case CONFIG_ENUM:
 		ok = from_string && config_parse_enum(g->text, k->choices, &num) == 0;
+		break;
+	case CONFIG_SIZE:
+		/* In JSON a bare number is bytes, like "65536" is. */
+		ok = (from_string || g->kind == CONFIG_JSON_INT) &&
+		     config_parse_size(g->text, &num) == 0 && num >= k->min && num <= k->max;
 		break;
 	}
 	if (!ok) {
@@ -658,6 +703,7 @@ static struct config *build(struct slot *slots)
 			break;
 		case CONFIG_INT:
 		case CONFIG_DURATION:
+		case CONFIG_SIZE:
 			*(int64_t *)(void *)(base + k->field) = slots[i].num;
 			break;
 		case CONFIG_BOOL:
@@ -757,6 +803,9 @@ void config_value_text(const struct config *c, size_t i, char *buf, size_t n)
 		break;
 	case CONFIG_DURATION:
 		config_format_duration(*(const int64_t *)(const void *)(base + k->field), buf, n);
+		break;
+	case CONFIG_SIZE:
+		config_format_size(*(const int64_t *)(const void *)(base + k->field), buf, n);
 		break;
 	case CONFIG_BOOL:
 		snprintf(buf, n, "%s",

@@ -19,7 +19,7 @@ struct config {
 	char *database_table;
 	char *database_channel;
 
-	char *amqp_url;
+	char *amqp_url; /* one URL, or several separated by commas: the nodes of a cluster */
 	int64_t amqp_heartbeat_ms;
 	int64_t amqp_confirm_timeout_ms;
 	char *amqp_tls_ca_file;
@@ -29,6 +29,7 @@ struct config {
 
 	char *relay_id;
 	int64_t relay_batch_size;
+	int64_t relay_batch_max_bytes; /* sum of body sizes per claim; a larger row goes alone */
 	int64_t relay_lease_ms;
 	int64_t relay_max_attempts;
 	int64_t relay_poll_interval_ms;
@@ -96,6 +97,13 @@ void config_value_text(const struct config *c, size_t i, char *buf, size_t n);
 int config_parse_duration(const char *s, int64_t *out_ms) __attribute__((warn_unused_result));
 /* Formats milliseconds back into the shortest exact unit ("1500ms", "30s", "5m", "0"). */
 void config_format_duration(int64_t ms, char *buf, size_t n);
+
+/* Parses a size in bytes: "65536", or a whole number with a binary suffix, "512KiB", "16MiB",
+ * "1GiB" (k/K, m/M and g/G are the same powers of 1024). Returns 0 on success, -1 on a
+ * malformed, negative or overflowing value (out untouched). */
+int config_parse_size(const char *s, int64_t *out_bytes) __attribute__((warn_unused_result));
+/* Formats bytes back into the largest exact unit ("16MiB", "64KiB", "1000", "0"). */
+void config_format_size(int64_t bytes, char *buf, size_t n);
 
 /* Reads a whole file of at most max bytes into a new NUL-terminated buffer (caller frees)
  * and sets *len; NULL with *err an errno value (EFBIG when it is longer than max). Used for

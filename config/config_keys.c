@@ -11,6 +11,9 @@
 #define MIN  (60 * SEC)
 #define HOUR (60 * MIN)
 #define DAY  (24 * HOUR)
+#define KIB  1024LL
+#define MIB  (1024 * KIB)
+#define GIB  (1024 * MIB)
 
 #define FIELD(f) offsetof(struct config, f)
 
@@ -61,7 +64,8 @@ static const struct config_key keys[] = {
 	        .sensitive = true,
 	        .check = CONFIG_CHECK_AMQP_URLS,
 	        .field = FIELD(amqp_url),
-	        .help = "broker URL; amqps:// for TLS; no path means vhost /",
+	        .help = "broker URL, or several separated by commas (cluster nodes, tried in "
+	                "turn); amqps:// for TLS; no path means vhost /",
 	},
 	{
 	        .name = "amqp.heartbeat",
@@ -134,6 +138,17 @@ static const struct config_key keys[] = {
 	        .max = 10000,
 	        .field = FIELD(relay_batch_size),
 	        .help = "rows claimed per round trip",
+	},
+	{
+	        .name = "relay.batch_max_bytes",
+	        .env = "OUTBOX_RELAY_BATCH_MAX_BYTES",
+	        .type = CONFIG_SIZE,
+	        .def = "16MiB",
+	        .min = 64 * KIB,
+	        .max = 1 * GIB,
+	        .field = FIELD(relay_batch_max_bytes),
+	        .help = "bytes of bodies claimed per round trip (a larger row goes alone); bytes "
+	                "or KiB, MiB, GiB (k, m, g: the same powers of 1024)",
 	},
 	{
 	        .name = "relay.lease",

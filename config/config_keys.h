@@ -15,6 +15,7 @@ enum config_type {
 	CONFIG_BOOL,     /* bool */
 	CONFIG_DURATION, /* int64_t milliseconds */
 	CONFIG_ENUM,     /* an int-sized enum; the value is the index of the choice */
+	CONFIG_SIZE,     /* int64_t bytes */
 };
 
 /* Checks beyond the type that a string key needs. */

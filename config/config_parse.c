@@ -554,3 +554,66 @@ void config_format_duration(int64_t ms, char *buf, size_t n)
 	}
 	snprintf(buf, n, "%" PRId64 "ms", ms);
 }
+
+int config_parse_size(const char *s, int64_t *out_bytes)
+{
+	static const struct {
+		const char *suffix;
+		int64_t unit;
+	} units[] = {
+		{ "", 1 },
+		{ "KiB", 1024 },
+		{ "k", 1024 },
+		{ "K", 1024 },
+		{ "MiB", 1024 * 1024 },
+		{ "m", 1024 * 1024 },
+		{ "M", 1024 * 1024 },
+		{ "GiB", 1024 * 1024 * 1024 },
+		{ "g", 1024 * 1024 * 1024 },
+		{ "G", 1024 * 1024 * 1024 },
+	};
+	int64_t whole = 0;
+	const char *p = s;
+
+	/* Whole numbers only: "1.5MiB" would be a fraction of a byte for some inputs, and
+	 * "16MB" is refused rather than guessed as 10^6 or 2^20. */
+	if (!s || !(*p >= '0' && *p <= '9'))
+		return -1;
+	while (*p >= '0' && *p <= '9') {
+		if (whole > (INT64_MAX - 9) / 10)
+			return -1;
+		whole = whole * 10 + (*p - '0');
+		p++;
+	}
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(p, units[i].suffix) == 0) {
+			if (whole > INT64_MAX / units[i].unit)
+				return -1;
+			*out_bytes = whole * units[i].unit;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+void config_format_size(int64_t bytes, char *buf, size_t n)
+{
+	static const struct {
+		int64_t unit;
+		const char *suffix;
+	} units[] = {
+		{ 1024LL * 1024 * 1024, "GiB" },
+		{ 1024LL * 1024, "MiB" },
+		{ 1024, "KiB" },
+	};
+
+	if (!buf || n == 0)
+		return;
+	for (size_t i = 0; bytes != 0 && i < sizeof(units) / sizeof(units[0]); i++) {
+		if (bytes % units[i].unit == 0) {
+			snprintf(buf, n, "%" PRId64 "%s", bytes / units[i].unit, units[i].suffix);
+			return;
+		}
+	}
+	snprintf(buf, n, "%" PRId64, bytes);
+}

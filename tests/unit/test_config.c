@@ -95,6 +95,7 @@ Test(config, defaults_match_design)
 	cr_assert_str_eq(cfg->amqp_tls_ca_file, "");
 	cr_assert(cfg->amqp_tls_verify_peer);
 	cr_assert_eq(cfg->relay_batch_size, 500);
+	cr_assert_eq(cfg->relay_batch_max_bytes, 16 * 1024 * 1024);
 	cr_assert_eq(cfg->relay_lease_ms, 60000);
 	cr_assert_eq(cfg->relay_max_attempts, 10);
 	cr_assert_eq(cfg->relay_poll_interval_ms, 1000);
@@ -593,7 +594,7 @@ Test(config, key_rows_are_complete)
 		cr_assert_leq(k->min, k->max, "%s", k->name);
 		cr_assert_eq(k->choices != NULL, k->type == CONFIG_ENUM, "%s: choices", k->name);
 		cr_assert(k->check == CONFIG_CHECK_NONE || k->type == CONFIG_STRING, "%s", k->name);
-		if (k->type == CONFIG_INT || k->type == CONFIG_DURATION)
+		if (k->type == CONFIG_INT || k->type == CONFIG_DURATION || k->type == CONFIG_SIZE)
 			cr_assert_gt(k->max, 0, "%s: no bounds", k->name);
 	}
 }
@@ -687,4 +688,149 @@ Test(config, reserved_words_are_refused_with_the_reason)
 	teardown();
 	cr_assert_null(load(NULL, env, NULL, 0));
 	expect_error("'order' is a reserved word in PostgreSQL");
+}
+
+Test(config, sizes_both_ways)
+{
+	static const struct {
+		const char *text;
+		int64_t bytes;
+	} ok[] = {
+		{ "0", 0 },
+		{ "65536", 65536 },
+		{ "512KiB", 512 * 1024 },
+		{ "512k", 512 * 1024 },
+		{ "512K", 512 * 1024 },
+		{ "16MiB", 16 * 1024 * 1024 },
+		{ "16m", 16 * 1024 * 1024 },
+		{ "16M", 16 * 1024 * 1024 },
+		{ "1GiB", 1024 * 1024 * 1024 },
+		{ "1g", 1024 * 1024 * 1024 },
+		{ "3G", 3LL * 1024 * 1024 * 1024 },
+	};
+	static const char *const bad[] = {
+		"",
+		"KiB",
+		"16MB",
+		"16mib",
+		"1.5MiB",
+		"-1",
+		" 64KiB",
+		"64 KiB",
+		"0x10000",
+		"16Mi",
+		"16MiBs",
+		"99999999999999999999",
+		"9999999999999999999G",
+	};
+	int64_t v;
+	char buf[32];
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		v = -1;
+		cr_assert_eq(config_parse_size(ok[i].text, &v), 0, "%s refused", ok[i].text);
+		cr_assert_eq(v, ok[i].bytes, "%s", ok[i].text);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v = 42;
+		cr_assert_lt(config_parse_size(bad[i], &v), 0, "%s accepted", bad[i]);
+		cr_assert_eq(v, 42, "output written on failure");
+	}
+	config_format_size(16 * 1024 * 1024, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "16MiB");
+	config_format_size(65536, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "64KiB");
+	config_format_size(1024 * 1024 * 1024, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "1GiB");
+	config_format_size(100000, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "100000");
+	config_format_size(1536, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "1536");
+	config_format_size(0, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "0");
+}
+
+Test(config, batch_max_bytes_from_every_source)
+{
+	const char *env[] = { "OUTBOX_RELAY_BATCH_MAX_BYTES=512KiB", NULL };
+	const char *sets[] = { "relay.batch_max_bytes=1g" };
+	size_t i = (size_t)config_key_index("relay.batch_max_bytes");
+
+	cr_assert_str_eq(config_key_env(i), "OUTBOX_RELAY_BATCH_MAX_BYTES");
+	cr_assert_not_null(load(NULL, env, NULL, 0));
+	cr_assert_eq(cfg->relay_batch_max_bytes, 512 * 1024);
+	cr_assert_str_eq(value(i), "512KiB");
+	teardown();
+	cr_assert_not_null(load(NULL, env, sets, 1));
+	cr_assert_eq(cfg->relay_batch_max_bytes, 1024 * 1024 * 1024);
+	cr_assert_str_eq(value(i), "1GiB");
+	cr_assert_str_eq(source("relay.batch_max_bytes"), "flag --set");
+	teardown();
+	cr_assert_not_null(load(fixture("sizes.json"), NULL, NULL, 0));
+	cr_assert_eq(cfg->relay_batch_max_bytes, 131072); /* a JSON number is bytes */
+	cr_assert_str_eq(value(i), "128KiB");
+}
+
+Test(config, batch_max_bytes_range)
+{
+	const char *sets[] = { "relay.batch_max_bytes=63KiB" };
+	const char *env[] = { "OUTBOX_RELAY_BATCH_MAX_BYTES=2GiB", NULL };
+	const char *bad[] = { "relay.batch_max_bytes=16MB" };
+	const char *lo[] = { "relay.batch_max_bytes=64KiB" };
+
+	cr_assert_null(load(NULL, env, sets, 1));
+	cr_assert_eq(errs.n, 2);
+	expect_error("relay.batch_max_bytes: got \"2GiB\" (env OUTBOX_RELAY_BATCH_MAX_BYTES); "
+	             "allowed: a size 64KiB..1GiB: bytes, or a whole number with KiB, MiB or GiB");
+	expect_error("relay.batch_max_bytes: got \"63KiB\" (flag --set)");
+	teardown();
+	cr_assert_null(load(NULL, NULL, bad, 1));
+	expect_error("relay.batch_max_bytes: got \"16MB\" (flag --set)");
+	teardown();
+	cr_assert_not_null(load(NULL, NULL, lo, 1));
+	cr_assert_eq(cfg->relay_batch_max_bytes, 65536);
+}
+
+Test(config, amqp_url_list)
+{
+	const char *sets[] = { "amqp.url=amqp://relay:S3cretA@mq1:5672,amqps://"
+		               "relay:S3cretB@mq2:5671/vh,amqp://mq3" };
+	size_t i = (size_t)config_key_index("amqp.url");
+
+	cr_assert_not_null(load(NULL, NULL, sets, 1));
+	cr_assert_str_eq(cfg->amqp_url, sets[0] + strlen("amqp.url="));
+	cr_assert_str_eq(value(i),
+	                 "amqp://relay:***@mq1:5672,amqps://relay:***@mq2:5671/vh,amqp://mq3");
+}
+
+Test(config, amqp_url_list_errors_name_the_url_by_position)
+{
+	static const struct {
+		const char *set;
+		const char *error;
+	} cases[] = {
+		{ "amqp.url=amqp://relay:S3cret@mq1,http://relay:S3cret@mq2",
+		  "amqp.url: got \"amqp://relay:***@mq1,http://relay:***@mq2\" (flag --set): URL 2 "
+		  "of 2 does not start with amqp:// or amqps://" },
+		{ "amqp.url=amqp://mq1,,amqp://mq3", "URL 2 of 3 is empty" },
+		{ "amqp.url=amqp://mq1,", "URL 2 of 2 is empty" },
+		{ "amqp.url=amqp://mq1, amqp://mq2", "URL 2 of 2 does not start with amqp://" },
+		{ "amqp.url=amqp://relay:S3,cret@mq1", "URL 2 of 2 does not start with amqp:// or "
+		                                       "amqps:// (a comma inside a URL is written "
+		                                       "%2C)" },
+		{ "amqp.url=", "amqp.url: got \"\" (flag --set); allowed: a URL starting with" },
+	};
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		const char *sets[] = { cases[k].set };
+
+		cr_assert_null(load(NULL, NULL, sets, 1), "%s accepted", cases[k].set);
+		cr_assert_eq(errs.n, 1);
+		expect_error(cases[k].error);
+		for (size_t j = 0; j < errs.n; j++) {
+			cr_assert_null(strstr(errs.lines[j], "S3"), "leaked: %s", errs.lines[j]);
+			cr_assert_null(strstr(errs.lines[j], "cret"), "leaked: %s", errs.lines[j]);
+		}
+		teardown();
+	}
 }
