@@ -296,6 +296,21 @@ static bool all_digits(const char *s, size_t len)
 	return true;
 }
 
+/* Whether the decimal digits s[0..len) (leading zeros allowed) denote at most max. */
+static bool digits_at_most(const char *s, size_t len, uint64_t max)
+{
+	uint64_t v = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		uint64_t d = (uint64_t)(s[i] - '0');
+
+		if (v > (max - d) / 10)
+			return false;
+		v = v * 10 + d;
+	}
+	return true;
+}
+
 /* "got ..." text for an out-of-range value: the JSON as written, shortened. */
 static void shown_json(json_t *v, char *out, size_t n)
 {
@@ -339,6 +354,10 @@ static int map_one_property(const char *key, json_t *v, amqp_pool_t *pool,
 		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
 			return fail(err, errlen, "properties: expiration longer than %d bytes",
 			            MESSAGE_MAP_MAX_SHORTSTR);
+		if (!digits_at_most(json_string_value(v), json_string_length(v),
+		                    MESSAGE_MAP_MAX_EXPIRATION))
+			return fail(err, errlen, "properties: expiration must be at most %llu",
+			            (unsigned long long)MESSAGE_MAP_MAX_EXPIRATION);
 		if (pool_copy(pool, json_string_value(v), json_string_length(v), &p->expiration) !=
 		    MESSAGE_MAP_OK)
 			return MESSAGE_MAP_NOMEM;
@@ -470,4 +489,166 @@ int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_pr
 	*props = p;
 	*body = b;
 	return MESSAGE_MAP_OK;
+}
+
+/* ---- encoded sizes, exactly as rabbitmq-c 0.11 encodes (amqp_table.c, amqp_framing.c) ---- */
+
+/* Saturating: SIZE_MAX stands for "cannot be encoded" and stays so. */
+static size_t add_size(size_t a, size_t b)
+{
+	return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+static size_t table_size(const amqp_table_t *t);
+
+/* One field value: the kind octet and its payload (amqp_encode_field_value()). */
+static size_t field_size(const amqp_field_value_t *v)
+{
+	size_t n = 1, sum;
+
+	switch (v->kind) {
+	case AMQP_FIELD_KIND_BOOLEAN:
+	case AMQP_FIELD_KIND_I8:
+	case AMQP_FIELD_KIND_U8:
+		return n + 1;
+	case AMQP_FIELD_KIND_I16:
+	case AMQP_FIELD_KIND_U16:
+		return n + 2;
+	case AMQP_FIELD_KIND_I32:
+	case AMQP_FIELD_KIND_U32:
+	case AMQP_FIELD_KIND_F32:
+		return n + 4;
+	case AMQP_FIELD_KIND_I64:
+	case AMQP_FIELD_KIND_U64:
+	case AMQP_FIELD_KIND_F64:
+	case AMQP_FIELD_KIND_TIMESTAMP:
+		return n + 8;
+	case AMQP_FIELD_KIND_DECIMAL:
+		return n + 5;
+	case AMQP_FIELD_KIND_UTF8:
+	case AMQP_FIELD_KIND_BYTES:
+		return add_size(n + 4, v->value.bytes.len);
+	case AMQP_FIELD_KIND_ARRAY:
+		sum = n + 4;
+		for (int i = 0; i < v->value.array.num_entries; i++)
+			sum = add_size(sum, field_size(&v->value.array.entries[i]));
+		return sum;
+	case AMQP_FIELD_KIND_TABLE:
+		return add_size(n, table_size(&v->value.table));
+	case AMQP_FIELD_KIND_VOID:
+		return n;
+	default:
+		return SIZE_MAX; /* amqp_encode_field_value(): AMQP_STATUS_INVALID_PARAMETER */
+	}
+}
+
+/* A field table: its 32-bit length, then per entry the key as a short string (rabbitmq-c
+ * writes the key's length as one octet without checking it; message_map() keeps keys to
+ * MESSAGE_MAP_MAX_KEY bytes) and the value. */
+static size_t table_size(const amqp_table_t *t)
+{
+	size_t sum = 4;
+
+	for (int i = 0; i < t->num_entries; i++) {
+		sum = add_size(sum, 1 + t->entries[i].key.len);
+		sum = add_size(sum, field_size(&t->entries[i].value));
+	}
+	return sum;
+}
+
+static size_t shortstr_size(amqp_bytes_t b)
+{
+	return b.len > MESSAGE_MAP_MAX_SHORTSTR ? SIZE_MAX : 1 + b.len;
+}
+
+size_t message_map_properties_size(const amqp_basic_properties_t *p)
+{
+	const amqp_flags_t f = p->_flags;
+	amqp_flags_t rest = f;
+	size_t n = 0;
+
+	/* Flag words: 16 bits each, the lowest bit saying another word follows. */
+	do {
+		n += 2;
+		rest >>= 16;
+	} while (rest != 0);
+	if (f & AMQP_BASIC_CONTENT_TYPE_FLAG)
+		n = add_size(n, shortstr_size(p->content_type));
+	if (f & AMQP_BASIC_CONTENT_ENCODING_FLAG)
+		n = add_size(n, shortstr_size(p->content_encoding));
+	if (f & AMQP_BASIC_HEADERS_FLAG)
+		n = add_size(n, table_size(&p->headers));
+	if (f & AMQP_BASIC_DELIVERY_MODE_FLAG)
+		n = add_size(n, 1);
+	if (f & AMQP_BASIC_PRIORITY_FLAG)
+		n = add_size(n, 1);
+	if (f & AMQP_BASIC_CORRELATION_ID_FLAG)
+		n = add_size(n, shortstr_size(p->correlation_id));
+	if (f & AMQP_BASIC_REPLY_TO_FLAG)
+		n = add_size(n, shortstr_size(p->reply_to));
+	if (f & AMQP_BASIC_EXPIRATION_FLAG)
+		n = add_size(n, shortstr_size(p->expiration));
+	if (f & AMQP_BASIC_MESSAGE_ID_FLAG)
+		n = add_size(n, shortstr_size(p->message_id));
+	if (f & AMQP_BASIC_TIMESTAMP_FLAG)
+		n = add_size(n, 8);
+	if (f & AMQP_BASIC_TYPE_FLAG)
+		n = add_size(n, shortstr_size(p->type));
+	if (f & AMQP_BASIC_USER_ID_FLAG)
+		n = add_size(n, shortstr_size(p->user_id));
+	if (f & AMQP_BASIC_APP_ID_FLAG)
+		n = add_size(n, shortstr_size(p->app_id));
+	if (f & AMQP_BASIC_CLUSTER_ID_FLAG)
+		n = add_size(n, shortstr_size(p->cluster_id));
+	return n;
+}
+
+/* "204,873": sizes in errors are read by people. */
+static void thousands(uint64_t v, char *out, size_t n)
+{
+	char digits[24];
+	int len = snprintf(digits, sizeof(digits), "%llu", (unsigned long long)v);
+	size_t o = 0;
+
+	for (int i = 0; i < len && o + 1 < n; i++) {
+		if (i > 0 && (len - i) % 3 == 0) {
+			out[o++] = ',';
+			if (o + 1 >= n)
+				break;
+		}
+		out[o++] = digits[i];
+	}
+	out[o] = '\0';
+}
+
+int message_map_check_frame(const amqp_basic_properties_t *p, size_t frame_max, char *err,
+                            size_t errlen)
+{
+	size_t props = message_map_properties_size(p);
+	size_t frame = add_size(props, MESSAGE_MAP_HEADER_FRAME_OVERHEAD);
+	/* Short strings and field kinds are checked by message_map(); what is left to grow
+	 * without bound is the headers table. */
+	const char *column = (p->_flags & AMQP_BASIC_HEADERS_FLAG) ? "headers" : "properties";
+	char got[32], max[32];
+
+	if (frame <= frame_max)
+		return MESSAGE_MAP_OK;
+	if (props == SIZE_MAX)
+		return fail(err, errlen, "%s: cannot be encoded by AMQP", column);
+	thousands(frame, got, sizeof(got));
+	thousands(frame_max, max, sizeof(max));
+	return fail(err, errlen, "%s: encoded size %s bytes exceeds the %s-byte frame", column, got,
+	            max);
+}
+
+int message_map_check_body(size_t body_len, uint64_t max_message_size, char *err, size_t errlen)
+{
+	char got[32], max[32];
+
+	if (max_message_size == 0 || body_len <= max_message_size)
+		return MESSAGE_MAP_OK;
+	thousands(body_len, got, sizeof(got));
+	thousands(max_message_size, max, sizeof(max));
+	return fail(err, errlen, "body: %s bytes exceed the broker's max_message_size of %s bytes",
+	            got, max);
 }

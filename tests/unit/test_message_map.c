@@ -1,8 +1,13 @@
 /* Row -> AMQP mapping: every header JSON type into the field table (nested tables and arrays
- * included), every property, and the exact one-line message of every invalid case. */
+ * included), every property, the exact one-line message of every invalid case, and the
+ * encoded sizes that decide whether a row fits a frame, checked against rabbitmq-c. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <amqp.h>
+#include <amqp_framing.h>
 
 #include "amqp/message_map.h"
 
@@ -354,4 +359,105 @@ Test(message_map, quoted_names_stay_on_one_line)
 	struct broker_message m = row("{}", "{\"a\\nb\":1}");
 
 	expect_invalid(&m, "properties: unknown property 'a?b'");
+}
+
+Test(message_map, expiration_at_most_32_bits)
+{
+	struct broker_message m = row("{}", "{\"expiration\":\"4294967295\"}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+
+	map_ok(&m, &p, &b);
+	cr_assert(bytes_is(p.expiration, "4294967295"));
+	m.properties_json = "{\"expiration\":\"0004294967295\"}";
+	map_ok(&m, &p, &b);
+	m.properties_json = "{\"expiration\":\"0\"}";
+	map_ok(&m, &p, &b);
+	m.properties_json = "{\"expiration\":\"4294967296\"}";
+	expect_invalid(&m, "properties: expiration must be at most 4294967295");
+	m.properties_json = "{\"expiration\":\"18446744073709551616\"}";
+	expect_invalid(&m, "properties: expiration must be at most 4294967295");
+	m.properties_json = "{\"expiration\":\"99999999999999999999999999999999999999999\"}";
+	expect_invalid(&m, "properties: expiration must be at most 4294967295");
+}
+
+/* message_map_properties_size() against rabbitmq-c's own encoder: the exact size encodes,
+ * one byte less does not. */
+static void expect_size_matches_library(const struct broker_message *m)
+{
+	amqp_basic_properties_t p;
+	amqp_bytes_t b, out;
+	size_t size;
+	char *buf;
+
+	map_ok(m, &p, &b);
+	size = message_map_properties_size(&p);
+	cr_assert_lt(size, (size_t)1 << 24);
+	buf = malloc(size + 64);
+	cr_assert_not_null(buf);
+	out.bytes = buf;
+	out.len = size + 64;
+	cr_assert_eq(amqp_encode_properties(AMQP_BASIC_CLASS, &p, out), (int)size,
+	             "headers %s properties %s", m->headers_json, m->properties_json);
+	out.len = size;
+	cr_assert_eq(amqp_encode_properties(AMQP_BASIC_CLASS, &p, out), (int)size);
+	out.len = size - 1;
+	cr_assert_lt(amqp_encode_properties(AMQP_BASIC_CLASS, &p, out), 0);
+	free(buf);
+}
+
+Test(message_map, encoded_size_is_what_rabbitmq_c_writes)
+{
+	struct broker_message m = row("{}", "{}");
+
+	expect_size_matches_library(&m);
+	m.headers_json =
+	        "{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"n\":null,"
+	        "\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"f\":4}],"
+	        "\"e\":[],\"eo\":{},\"z\":\"nul\\u0000byte\"}";
+	expect_size_matches_library(&m);
+	m.properties_json =
+	        "{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
+	        "\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
+	        "\"content_encoding\":\"gzip\",\"delivery_mode\":1}";
+	expect_size_matches_library(&m);
+	m.content_type = "";
+	m.headers_json = "{}";
+	expect_size_matches_library(&m);
+}
+
+Test(message_map, frame_check_at_the_limit)
+{
+	struct broker_message m = row("{\"k\":\"value\"}", "{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+	char err[320] = "";
+	size_t frame;
+
+	map_ok(&m, &p, &b);
+	frame = message_map_properties_size(&p) + MESSAGE_MAP_HEADER_FRAME_OVERHEAD;
+	cr_assert_eq(message_map_check_frame(&p, frame, err, sizeof(err)), MESSAGE_MAP_OK, "%s",
+	             err);
+	cr_assert_eq(message_map_check_frame(&p, frame - 1, err, sizeof(err)), MESSAGE_MAP_INVALID);
+	cr_assert_eq(frame, 69, "flags, content type, headers, delivery mode, id, timestamp");
+	cr_assert_str_eq(err, "headers: encoded size 69 bytes exceeds the 68-byte frame");
+	p._flags &= ~AMQP_BASIC_HEADERS_FLAG;
+	cr_assert_eq(message_map_check_frame(&p, 20, err, sizeof(err)), MESSAGE_MAP_INVALID);
+	cr_assert_str_eq(err, "properties: encoded size 53 bytes exceeds the 20-byte frame");
+}
+
+Test(message_map, body_check_against_max_message_size)
+{
+	char err[320] = "";
+
+	cr_assert_eq(message_map_check_body(5242880, 0, err, sizeof(err)), MESSAGE_MAP_OK,
+	             "no limit known");
+	cr_assert_eq(message_map_check_body(4194304, 4194304, err, sizeof(err)), MESSAGE_MAP_OK);
+	cr_assert_eq(message_map_check_body(5242880, 4194304, err, sizeof(err)),
+	             MESSAGE_MAP_INVALID);
+	cr_assert_str_eq(err, "body: 5,242,880 bytes exceed the broker's max_message_size of "
+	                      "4,194,304 bytes");
+	cr_assert_eq(message_map_check_body(1000, 999, err, sizeof(err)), MESSAGE_MAP_INVALID);
+	cr_assert_str_eq(err,
+	                 "body: 1,000 bytes exceed the broker's max_message_size of 999 bytes");
 }
