@@ -159,3 +159,27 @@ Test(confirm_tracker, channel_reset_restarts_tags_and_unsends_open_rows)
 	cr_assert_eq(confirm_tracker_latency_us(&t, 2), 10);
 	cr_assert_eq(confirm_tracker_state(&t, 1), CONFIRM_TRACKER_UNSENT);
 }
+
+/* A broker condition (a queue rejecting publishes) nacks most of a batch: one multiple=true
+ * nack answers every row still open below it, each reported, none twice. */
+Test(confirm_tracker, multiple_nack_over_a_large_batch)
+{
+	enum { N = 1000 };
+
+	cr_assert_eq(confirm_tracker_reset(&t, N), CONFIRM_TRACKER_OK);
+	send_all(N, 1);
+	cr_assert_eq(confirm_tracker_answer(&t, 1, false, false, 110), 1);
+	cr_assert_eq(confirm_tracker_answer(&t, 500, false, false, 110), 1);
+	cr_assert_eq(confirm_tracker_answer(&t, 999, true, true, 120), 997);
+	for (size_t i = 0; i < N - 1; i++) {
+		enum confirm_tracker_state want =
+		        i == 0 || i == 499 ? CONFIRM_TRACKER_ACKED : CONFIRM_TRACKER_NACKED;
+
+		cr_assert_eq(confirm_tracker_state(&t, i), want, "row %zu", i);
+	}
+	cr_assert_eq(confirm_tracker_state(&t, N - 1), CONFIRM_TRACKER_SENT);
+	cr_assert_eq(confirm_tracker_outstanding(&t), 1);
+	cr_assert_eq(confirm_tracker_answer(&t, N, true, true, 130), 1);
+	cr_assert_eq(confirm_tracker_outstanding(&t), 0);
+	cr_assert_eq(confirm_tracker_answer(&t, N, true, true, 140), 0, "nothing answered twice");
+}
