@@ -123,7 +123,7 @@ static void release_leases(const struct config *cfg)
 
 	if (!s)
 		return;
-	if (store_connect(s) < 0 || store_release(s, NULL, 0) < 0)
+	if (store_connect(s) < 0 || store_release_all(s) < 0)
 		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
 		          LOG_STR("error", store_errmsg(s)));
 	store_free(s);

@@ -25,6 +25,16 @@
 /* Confirmed ids kept in memory while the database is away, to be marked once it is back. A
  * relay that cannot mark stops claiming, so this only ever holds one batch's worth. */
 #define OWED_MAX 20000
+/* A batch is published only while its lease (by the database clock) outlasts the confirm
+ * timeout by this much: room for the mark that follows. */
+#define LEASE_MARGIN_MS 2000
+
+/* A confirmed row not yet marked, with its claim's token: the mark is fenced like every
+ * write, so it only lands while the row is still ours. */
+struct owed {
+	char *id;
+	char token[STORE_TOKEN_MAX];
+};
 
 struct endpoint_state {
 	bool up;          /* counted in g_metrics */
@@ -60,6 +70,7 @@ struct worker {
 	bool marking;
 	size_t n_marking;
 	int64_t marking_t0_us;
+	char marking_token[STORE_TOKEN_MAX];
 
 	size_t cap; /* capacity of the arrays below */
 	struct broker_message *msgs;
@@ -68,7 +79,7 @@ struct worker {
 	const char **released;  /* ids never answered */
 	struct store_failure *failures;
 
-	char **owed; /* confirmed ids not yet marked (database was away); owned copies */
+	struct owed *owed; /* confirmed rows not yet marked (database was away); owned copies */
 	size_t n_owed;
 
 	/* Claim floor (see store_set_claim_floor): the first seq of the previous cycle's batch,
@@ -170,10 +181,30 @@ static bool ensure_broker(struct worker *w)
 	return false;
 }
 
+static void owe_marks(struct worker *w, const char *token, const char *const *ids, size_t n);
+
+/* The connection goes: a mark still on the wire is owed, to be sent again after reconnecting
+ * (fenced, so it lands only if the rows are still ours), never read as an answer that cannot
+ * come (which would fail the next connection too). */
+static void drop_db(struct worker *w)
+{
+	if (w->marking) {
+		owe_marks(w, w->marking_token, w->published, w->n_marking);
+		w->marking = false;
+	}
+	store_disconnect(w->store);
+}
+
 static void db_failed(struct worker *w, int rc, const char *doing)
 {
-	if (rc == STORE_ERR_CONN || !store_connected(w->store)) {
-		store_disconnect(w->store);
+	if (rc == STORE_ERR_CONN || rc == STORE_ERR_ABORTED || !store_connected(w->store)) {
+		drop_db(w);
+		if (rc == STORE_ERR_ABORTED) {
+			log_event(LOG_WARN, w->component, "stopping: gave up on the database",
+			          LOG_STR("doing", doing),
+			          LOG_STR("error", store_errmsg(w->store)));
+			return;
+		}
 		endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
 		return;
 	}
@@ -181,7 +212,7 @@ static void db_failed(struct worker *w, int rc, const char *doing)
 	 * dropping a column...): say so and back off; leases keep the rows safe. */
 	log_event(LOG_ERROR, w->component, "database statement failed, will retry",
 	          LOG_STR("doing", doing), LOG_STR("error", store_errmsg(w->store)));
-	store_disconnect(w->store);
+	drop_db(w);
 	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
 }
 
@@ -299,11 +330,11 @@ static enum metrics_fail_reason fail_reason(enum broker_outcome o)
 
 /* Keeps confirmed ids to mark once the database is back (else they are republished when
  * their lease runs out: a duplicate, not a loss). */
-static void owe_marks(struct worker *w, const char *const *ids, size_t n)
+static void owe_marks(struct worker *w, const char *token, const char *const *ids, size_t n)
 {
 	for (size_t i = 0; i < n && w->n_owed < OWED_MAX; i++) {
 		char *copy = strdup(ids[i]);
-		char **p;
+		struct owed *p;
 
 		if (!copy)
 			return;
@@ -313,33 +344,59 @@ static void owe_marks(struct worker *w, const char *const *ids, size_t n)
 			return;
 		}
 		w->owed = p;
-		w->owed[w->n_owed++] = copy;
+		w->owed[w->n_owed].id = copy;
+		snprintf(w->owed[w->n_owed].token, sizeof(w->owed[w->n_owed].token), "%s", token);
+		w->n_owed++;
 	}
 }
 
 static void clear_owed(struct worker *w)
 {
 	for (size_t i = 0; i < w->n_owed; i++)
-		free(w->owed[i]);
+		free(w->owed[i].id);
 	free(w->owed);
 	w->owed = NULL;
 	w->n_owed = 0;
 }
 
+/* Marks what was owed, one statement per claim token (owed rows come in whole batches). */
 static int pay_owed(struct worker *w)
 {
+	size_t marked = 0, changed = 0;
 	int rc;
 
 	if (!w->n_owed)
 		return 0;
-	rc = store_mark_published(w->store, (const char *const *)w->owed, w->n_owed,
-	                          w->cfg->relay_retention_ms == 0);
-	if (rc < 0) {
-		db_failed(w, rc, "marking rows confirmed while the database was away");
-		return rc;
+	if (grow(w, w->n_owed) < 0)
+		return -1;
+	for (size_t i = 0; i < w->n_owed;) {
+		size_t n = 0, hit = 0;
+		const char *token = w->owed[i].token;
+
+		while (i + n < w->n_owed && strcmp(w->owed[i + n].token, token) == 0) {
+			w->published[n] = w->owed[i + n].id;
+			n++;
+		}
+		rc = store_mark_published_send(w->store, token, w->published, n,
+		                               w->cfg->relay_retention_ms == 0);
+		if (rc == 0)
+			rc = store_mark_published_recv(w->store, &hit);
+		if (rc < 0) {
+			/* What was marked is no longer owed; the rest stays, to try again. */
+			for (size_t k = 0; k < i; k++)
+				free(w->owed[k].id);
+			memmove(w->owed, w->owed + i, (w->n_owed - i) * sizeof(*w->owed));
+			w->n_owed -= i;
+			db_failed(w, rc, "marking rows confirmed while the database was away");
+			return rc;
+		}
+		marked += n;
+		changed += hit;
+		i += n;
 	}
 	log_event(LOG_INFO, w->component, "marked rows confirmed while the database was away",
-	          LOG_UINT("rows", w->n_owed));
+	          LOG_UINT("rows", changed), LOG_UINT("no_longer_ours", marked - changed));
+	atomic_fetch_add_explicit(&g_metrics.published, changed, memory_order_relaxed);
 	clear_owed(w);
 	return 0;
 }
@@ -371,18 +428,20 @@ static void log_failure(struct worker *w, const struct store_row *row,
  * kept to be marked after reconnecting. */
 static int finish_mark(struct worker *w)
 {
+	size_t hit = 0;
 	int rc;
 
 	if (!w->marking)
 		return 0;
-	w->marking = false;
-	rc = store_mark_published_recv(w->store);
+	rc = store_mark_published_recv(w->store, &hit);
 	if (rc < 0) {
-		owe_marks(w, w->published, w->n_marking);
-		db_failed(w, rc, "marking rows published");
+		db_failed(w, rc, "marking rows published"); /* owes the mark (drop_db) */
 		return rc;
 	}
-	atomic_fetch_add_explicit(&g_metrics.published, w->n_marking, memory_order_relaxed);
+	w->marking = false;
+	/* A row not hit was taken over by another relay after its lease ran out (it will be
+	 * published and marked there): counted once, by whoever marked it. */
+	atomic_fetch_add_explicit(&g_metrics.published, hit, memory_order_relaxed);
 	metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - w->marking_t0_us));
 	return 0;
 }
@@ -410,10 +469,16 @@ static void prepare(struct worker *w, const struct store_batch *b)
 	}
 }
 
+/* The outcome of one batch, sorted by what the database must hear. */
+struct settled {
+	size_t n_pub, n_fail, n_rel, n_nacked;
+};
+
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
- * logs and counts the failures. */
-static void classify(struct worker *w, const struct store_batch *b, size_t *n_pub, size_t *n_fail,
-                     size_t *n_rel)
+ * logs and counts the failures. A nack is the broker's own failure (a quorum queue without a
+ * majority, reject-publish overflow): the row backs off but is not charged an attempt, so an
+ * outage can never make good rows dead. */
+static void classify(struct worker *w, const struct store_batch *b, struct settled *st)
 {
 	const struct config *cfg = w->cfg;
 
@@ -425,25 +490,28 @@ static void classify(struct worker *w, const struct store_batch *b, size_t *n_pu
 
 		switch (res->outcome) {
 		case BROKER_ACKED:
-			w->published[(*n_pub)++] = r->id;
+			w->published[st->n_pub++] = r->id;
 			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);
 			break;
 		case BROKER_PENDING:
-			w->released[(*n_rel)++] = r->id;
+			w->released[st->n_rel++] = r->id;
 			break;
 		default:
-			f = &w->failures[(*n_fail)++];
-			attempts = r->attempts + 1;
+			f = &w->failures[st->n_fail++];
 			f->id = r->id;
 			f->error = res->error;
+			f->uncounted = res->outcome == BROKER_NACKED;
+			attempts = f->uncounted ? r->attempts : r->attempts + 1;
 			f->dead = res->outcome == BROKER_INVALID ||
-			          attempts >= cfg->relay_max_attempts;
+			          (!f->uncounted && attempts >= cfg->relay_max_attempts);
 			if (res->outcome == BROKER_INVALID)
 				attempts = (int)cfg->relay_max_attempts;
+			if (f->uncounted)
+				st->n_nacked++;
 			f->delay_ms = f->dead ? 0
 			                      : backoff_ms(cfg->relay_retry_backoff_min_ms,
 			                                   cfg->relay_retry_backoff_max_ms,
-			                                   attempts, &w->seed);
+			                                   attempts > 0 ? attempts : 1, &w->seed);
 			atomic_fetch_add_explicit(&g_metrics.failed[fail_reason(res->outcome)], 1,
 			                          memory_order_relaxed);
 			if (f->dead)
@@ -476,15 +544,104 @@ static void set_claim_floor(struct worker *w, const struct store_batch *x)
 	store_set_claim_floor(w->store, floor_seq);
 }
 
+/* Never publish a row whose lease cannot cover the publish and its confirms: a claim made
+ * while the previous batch waited for its confirms may have little lease left. The lease is
+ * renewed (fenced: rows another relay took meanwhile are dropped from the batch) or, when
+ * the database cannot do that now, the batch is left to its lease. False when nothing of x
+ * may be published. */
+static bool lease_covers(struct worker *w, struct store_batch *x)
+{
+	int64_t need = w->cfg->amqp_confirm_timeout_ms + LEASE_MARGIN_MS;
+	int rc;
+
+	if (x->lease_deadline_ms - clock_mono_ms() >= need)
+		return true;
+	if (finish_mark(w) < 0)
+		return false;
+	rc = store_renew(w->store, x);
+	if (rc < 0) {
+		db_failed(w, rc, "renewing leases");
+		return false;
+	}
+	return x->n > 0 && x->lease_deadline_ms - clock_mono_ms() >= need;
+}
+
+/* The database could not hear how the batch went: the confirmed rows are owed (marked after
+ * reconnecting), everything else is left to its lease. */
+static void cycle_db_lost(struct worker *w, const struct store_batch *x, size_t n_pub,
+                          struct store_batch *next, int rc, const char *doing)
+{
+	owe_marks(w, x->token, w->published, n_pub);
+	db_failed(w, rc, doing);
+	next->n = 0;
+}
+
+/* Writes what the database must hear about batch x: failures and releases at once (they are
+ * rare), the confirmed rows' mark sent now and read next turn. */
+static void settle(struct worker *w, struct store_batch *x, const struct settled *st,
+                   struct store_batch *next, int64_t t0)
+{
+	int rc;
+
+	if (st->n_fail) {
+		rc = store_mark_failed(w->store, x->token, w->failures, st->n_fail, NULL);
+		if (rc < 0) {
+			/* The failure path failing is left to the lease: the rows come back after it
+			 * and are tried again. */
+			log_event(LOG_WARN, w->component,
+			          "could not record failed rows, they return when their lease ends",
+			          LOG_STR("error", store_errmsg(w->store)));
+			cycle_db_lost(w, x, st->n_pub, next, rc, "marking rows failed");
+			return;
+		}
+	}
+	if (st->n_rel) {
+		rc = store_release(w->store, x->token, w->released, st->n_rel);
+		if (rc < 0) {
+			cycle_db_lost(w, x, st->n_pub, next, rc, "releasing leases");
+			return;
+		}
+		atomic_fetch_add_explicit(&g_metrics.released, st->n_rel, memory_order_relaxed);
+	}
+	if (!st->n_pub) {
+		/* Nothing to mark: the batch is settled now (its duration is otherwise taken when
+		 * the mark's answer is read). */
+		metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - t0));
+		return;
+	}
+	rc = store_mark_published_send(w->store, x->token, w->published, st->n_pub,
+	                               w->cfg->relay_retention_ms == 0);
+	if (rc < 0) {
+		cycle_db_lost(w, x, st->n_pub, next, rc, "marking rows published");
+		return;
+	}
+	w->marking = true;
+	w->n_marking = st->n_pub;
+	w->marking_t0_us = t0;
+	snprintf(w->marking_token, sizeof(w->marking_token), "%s", x->token);
+}
+
+/* Most of a batch nacked is a condition of the broker (a quorum queue that lost its majority,
+ * a full queue rejecting publishes), not of the rows: retrying row by row would hammer it.
+ * Back off the whole connection as after a lost connection. */
+static void nacked_most(struct worker *w, const struct store_batch *x, const struct settled *st)
+{
+	if (st->n_nacked == 0 || 2 * st->n_nacked <= x->n)
+		return;
+	log_event(LOG_WARN, w->component, "broker refused most of the batch, backing off",
+	          LOG_UINT("nacked", st->n_nacked), LOG_UINT("rows", x->n));
+	broker_disconnect(w->broker);
+	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", "broker nacked most of a batch");
+}
+
 /* One turn of the pipeline. The current batch is published; meanwhile the database finishes
  * marking the previous batch and claims the next one, so the broker and the database work at
- * the same time. Then every row of the current batch is settled: failures and releases are
- * written at once (they are rare), the confirmed rows' mark is sent and read next turn. */
+ * the same time. Then every row of the current batch is settled. */
 static void cycle(struct worker *w)
 {
 	struct store_batch *x = &w->batches[w->cur];
 	struct store_batch *next = &w->batches[1 - w->cur];
-	size_t n_pub = 0, n_fail = 0, n_rel = 0;
+	struct settled st = { 0 };
 	int64_t t0 = clock_mono_us();
 	bool db_ok = true, claiming = false;
 	int brc, rc;
@@ -494,6 +651,10 @@ static void cycle(struct worker *w)
 		/* Nothing to release them with: the rows come back when their lease ends. */
 		log_event(LOG_ERROR, w->component, "out of memory, leaving the batch to its lease");
 		x->n = 0;
+		return;
+	}
+	if (!lease_covers(w, x)) {
+		x->n = 0; /* left to their lease: another relay, or this one later, takes them */
 		return;
 	}
 	prepare(w, x);
@@ -527,65 +688,61 @@ static void cycle(struct worker *w)
 		}
 	}
 
-	classify(w, x, &n_pub, &n_fail, &n_rel);
+	classify(w, x, &st);
 	if (brc < 0) {
 		broker_failed(w, brc, true);
 		/* The next batch cannot be published before the broker is back: hand it back now
 		 * rather than after its lease. */
-		for (size_t i = 0; i < next->n; i++)
-			w->released[n_rel++] = next->rows[i].id;
+		if (next->n > 0 && db_ok) {
+			for (size_t i = 0; i < next->n; i++)
+				w->released[st.n_rel + i] = next->rows[i].id;
+			rc = store_release(w->store, next->token, w->released + st.n_rel, next->n);
+			if (rc < 0) {
+				cycle_db_lost(w, x, st.n_pub, next, rc, "releasing leases");
+				x->n = 0;
+				return;
+			}
+		}
 		next->n = 0;
 	}
-	x->n = 0;
 	if (!db_ok) {
-		owe_marks(w, w->published, n_pub);
+		owe_marks(w, x->token, w->published, st.n_pub);
+		x->n = 0;
 		return;
 	}
-	if (n_fail) {
-		rc = store_mark_failed(w->store, w->failures, n_fail, NULL);
-		if (rc < 0) {
-			/* The failure path failing is left to the lease: the rows come back after it
-			 * and are tried again. */
-			log_event(LOG_WARN, w->component,
-			          "could not record failed rows, they return when their lease ends",
-			          LOG_STR("error", store_errmsg(w->store)));
-			owe_marks(w, w->published, n_pub);
-			db_failed(w, rc, "marking rows failed");
-			next->n = 0;
-			return;
-		}
-	}
-	if (n_rel) {
-		rc = store_release(w->store, w->released, n_rel);
-		if (rc < 0) {
-			owe_marks(w, w->published, n_pub);
-			db_failed(w, rc, "releasing leases");
-			next->n = 0;
-			return;
-		}
-		atomic_fetch_add_explicit(&g_metrics.released, n_rel, memory_order_relaxed);
-	}
-	if (n_pub) {
-		rc = store_mark_published_send(w->store, w->published, n_pub,
-		                               w->cfg->relay_retention_ms == 0);
-		if (rc < 0) {
-			owe_marks(w, w->published, n_pub);
-			db_failed(w, rc, "marking rows published");
-			next->n = 0;
-			return;
-		}
-		w->marking = true;
-		w->n_marking = n_pub;
-		w->marking_t0_us = t0;
-	} else {
-		/* Nothing to mark: the batch is settled now (its duration is otherwise taken when
-		 * the mark's answer is read). */
-		metrics_observe(&g_metrics.batch_duration, (uint64_t)(clock_mono_us() - t0));
-	}
+	settle(w, x, &st, next, t0);
+	if (brc == BROKER_OK)
+		nacked_most(w, x, &st);
+	x->n = 0;
 	w->cur = 1 - w->cur;
 }
 
 /* ---- the loop ---- */
+
+/* Hands a claimed batch that cannot be published now (the broker is away, or the relay is
+ * stopping) back at once rather than after its lease. */
+static void hand_back(struct worker *w, struct store_batch *x)
+{
+	int rc;
+
+	if (x->n == 0 || !store_connected(w->store))
+		goto out;
+	if (finish_mark(w) < 0 || grow(w, x->n) < 0)
+		goto out;
+	for (size_t i = 0; i < x->n; i++)
+		w->released[i] = x->rows[i].id;
+	rc = store_release(w->store, x->token, w->released, x->n);
+	if (rc < 0) {
+		log_event(LOG_WARN, w->component,
+		          "could not release leases, they expire by themselves",
+		          LOG_STR("error", store_errmsg(w->store)));
+		db_failed(w, rc, "releasing leases");
+		goto out;
+	}
+	atomic_fetch_add_explicit(&g_metrics.released, x->n, memory_order_relaxed);
+out:
+	x->n = 0;
+}
 
 static void worker_loop(struct worker *w)
 {
@@ -604,6 +761,14 @@ static void worker_loop(struct worker *w)
 		mq_ok = ensure_broker(w);
 		if (!db_ok || !mq_ok) {
 			int64_t next = INT64_MAX;
+
+			/* Nothing may wait on the database connection while we sleep: the mark in
+			 * flight is read now, and a batch the broker cannot take goes back. */
+			if (db_ok) {
+				hand_back(w, x);
+				if (finish_mark(w) < 0)
+					continue;
+			}
 
 			if (!db_ok)
 				next = w->db.retry_at_ms;
@@ -680,20 +845,11 @@ void *worker_main(void *arg)
 	worker_loop(w);
 
 	/* Orderly shutdown: the last mark is read, a batch claimed but not yet published is handed
-	 * back, and whatever is owed is paid if the database lets us. */
+	 * back, and whatever is owed is paid if the database lets us (all bounded by the
+	 * shutdown deadline: the store gives up with STORE_ERR_ABORTED at it). */
 	if (store_connected(w->store) && finish_mark(w) == 0) {
-		struct store_batch *x = &w->batches[w->cur];
-
-		if (x->n > 0 && grow(w, x->n) == 0) {
-			for (size_t i = 0; i < x->n; i++)
-				w->released[i] = x->rows[i].id;
-			if (store_release(w->store, w->released, x->n) < 0)
-				log_event(LOG_WARN, w->component,
-				          "could not release leases, they expire by themselves",
-				          LOG_STR("error", store_errmsg(w->store)));
-		}
-		x->n = 0;
-		if (w->n_owed && pay_owed(w) < 0)
+		hand_back(w, &w->batches[w->cur]);
+		if (w->n_owed && store_connected(w->store) && pay_owed(w) < 0)
 			log_event(LOG_WARN, w->component, "could not mark confirmed rows");
 	}
 	if (w->n_owed)

@@ -264,7 +264,8 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 		snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
 		params[0] = max;
 	} else {
-		rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, &params[0]);
+		rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false,
+		                      &params[0]);
 		if (rc != 0)
 			goto out;
 	}
@@ -307,7 +308,7 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 		*n_changed = 0;
 		return 0;
 	}
-	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, &params[0]);
+	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc != 0)
 		goto out;
 	if ((rc = build_sql(s, sql, sizeof(sql),

@@ -1,6 +1,10 @@
 /* The relay's side of PostgreSQL: one connection with its prepared statements, claiming rows
  * under a lease, marking them published or failed, releasing leases, the LISTEN wake-up and
- * the operator queries. A PGresult never leaves store/: rows cross as owned structs. */
+ * the operator queries. A PGresult never leaves store/: rows cross as owned structs.
+ *
+ * Threads: a struct store belongs to one thread at a time (libpq connections are not
+ * thread-safe); only store_interrupt() may be called from another thread. Error texts never
+ * hold a password: libpq's messages are scrubbed of the connection string's secrets. */
 #ifndef OUTBOX_STORE_OUTBOX_STORE_H
 #define OUTBOX_STORE_OUTBOX_STORE_H
 
@@ -17,7 +21,16 @@ enum store_err {
 	STORE_ERR_FATAL = -3, /* cannot work with this database/table (missing table, bad DDL,
 	                         permission): stop at start-up, back off at run time */
 	STORE_ERR_NOMEM = -4,
+	STORE_ERR_ABORTED = -5,     /* the shutdown deadline (store_options.deadline_ms) ended a
+	                               wait; the connection is closed */
+	STORE_ERR_UNSUPPORTED = -6, /* this connection can never serve the relay (it goes
+	                               through a transaction-pooling proxy): stop */
 };
+
+/* A claim's fencing token: written to locked_by by the claim, required by every later write
+ * of the claimed rows ("<relay.id>#<nonce>.<counter>", at most 64 bytes). A relay whose lease
+ * ran out, or a worker of the same process, can never write to rows claimed by another. */
+#define STORE_TOKEN_MAX 65
 
 /* Borrowed by store_new() for the store's lifetime (the relay keeps config alive). */
 struct store_options {
@@ -30,8 +43,18 @@ struct store_options {
 	int max_attempts;
 	bool skip_dead; /* relay.ordering = skip-dead */
 	int batch_size;
-	bool admin; /* CLI/maintenance use: store_connect() neither prepares the
+	int64_t batch_max_bytes; /* sum of body sizes per claim (one larger row still goes
+	                            alone); 0 = no limit */
+	bool admin;              /* CLI/maintenance use: store_connect() neither prepares the
 	                            relay statements, checks the table, nor LISTENs */
+	/* Shutdown: when non-NULL and *deadline_ms != 0, an absolute CLOCK_MONOTONIC time in ms
+	 * after which every wait (connecting, sending, an answer) gives up with
+	 * STORE_ERR_ABORTED. wake_fd (-1 = none) becomes readable once *deadline_ms is set, so
+	 * that a wait begun before notices it at once. progress_ms (may be NULL) gets
+	 * CLOCK_MONOTONIC ms at least once a second while a call waits (liveness). */
+	const atomic_llong *deadline_ms;
+	int wake_fd;
+	atomic_llong *progress_ms;
 };
 
 /* One claimed row. Every pointer points into the owning batch's storage and lives until the
@@ -57,6 +80,10 @@ struct store_row {
 struct store_batch {
 	struct store_row *rows;
 	size_t n;
+	char token[STORE_TOKEN_MAX]; /* the claim's fencing token (see STORE_TOKEN_MAX) */
+	/* CLOCK_MONOTONIC ms by which the lease surely runs out, measured by the database clock
+	 * (the claim's send time plus the time its statement said was left). */
+	int64_t lease_deadline_ms;
 	/* private: storage */
 	size_t cap;
 	char *buf;
@@ -71,6 +98,7 @@ struct store_failure {
 	const char *error; /* truncated to 1000 chars when written */
 	int64_t delay_ms;  /* available_at = now() + delay_ms */
 	bool dead;         /* attempts = max_attempts (can never be published) */
+	bool uncounted;    /* the broker's own failure (a nack): back off, attempts unchanged */
 };
 
 struct store;
@@ -82,15 +110,24 @@ const char *store_errmsg(const struct store *s); /* borrowed, valid until the ne
 
 /* Connects (closing any previous connection), prepares the statements and LISTENs on the
  * channel. STORE_ERR_FATAL when the table is missing or lacks a column the relay needs
- * (the message then says to run `outbox-relay migrate`). With opts->admin, only connects. */
+ * (the message then says to run `outbox-relay migrate`); STORE_ERR_UNSUPPORTED when the
+ * connection goes through a transaction-pooling proxy. With opts->admin, only connects. Any
+ * server that accepts is used; a server that is read-only (a standby) is refused. */
 int store_connect(struct store *s) __attribute__((warn_unused_result));
 void store_disconnect(struct store *s);
 bool store_connected(const struct store *s);
+/* Thread-safe, from any thread: makes a call blocked on this store's socket fail at once (the
+ * connection is shut down; the owner's call returns an error and the next store_connect()
+ * starts afresh). For the shutdown deadline. */
+void store_interrupt(struct store *s);
+/* "host:port" of the server in use (or last tried), never credentials; "" when unknown. */
+const char *store_server(const struct store *s);
 /* The socket to poll for notifications, or -1 when not connected. */
 int store_socket(const struct store *s);
 
-/* Claims up to batch_size claimable rows (DESIGN §3, ordering keys included) in one
- * statement and fills out (previous contents dropped). With disarm, the same statement also
+/* Claims up to batch_size claimable rows (at most batch_max_bytes of bodies, at least one row)
+ * (DESIGN §3, ordering keys included) in one statement and fills out (previous contents
+ * dropped), with a new token and the lease's deadline. With disarm, the same statement also
  * clears the wake-up flag (call it after a wake). On error out->n = 0. */
 int store_claim(struct store *s, bool disarm, struct store_batch *out)
         __attribute__((warn_unused_result));
@@ -109,35 +146,48 @@ int store_claim_recv(struct store *s, struct store_batch *out) __attribute__((wa
  * delayed, unblocked, or committed late by a transaction that took its seq early). */
 void store_set_claim_floor(struct store *s, int64_t from_seq);
 
-/* True when the last claim saw keyed rows waiting for the ordering watermark to settle (they
- * were committed since the last claims) and it is moving: claiming again soon finds them.
- * False while an old transaction holds it back (then claiming again does not help). */
+/* True when the last claim saw keyed rows waiting for the ordering watermark (store/
+ * watermark.h) and it is moving: settling it and claiming again soon finds them. False while
+ * a transaction that inserted into the outbox earlier is still open (claiming again then does
+ * not help). */
 bool store_keys_settling(const struct store *s);
-/* Moves the ordering watermark up to the sequence's current value if no transaction older
- * than now is still running (three short statements). Makes keyed rows committed before the
- * call claimable by the next claim. Returns 0 when it moved, 1 when a transaction that
- * started earlier is still running (nothing changed; try again later), or an error. */
+/* Samples the ordering watermark twice (two short statements) so that keyed rows committed
+ * before the call become claimable by the next claim. Returns 0 when it reached the sequence's
+ * value of the first sample, 1 when a transaction that inserted into the outbox before the
+ * call is still open (try again later), or an error. */
 int store_settle_watermark(struct store *s) __attribute__((warn_unused_result));
 
-/* Marks ids published (published_at = now(), lease cleared) in one statement, or deletes
- * them when delete_rows. Not fenced by locked_by: a confirmed row is published whoever holds
- * it now. Rows already published are left alone. */
-int store_mark_published(struct store *s, const char *const *ids, size_t n, bool delete_rows)
-        __attribute__((warn_unused_result));
-int store_mark_published_send(struct store *s, const char *const *ids, size_t n, bool delete_rows)
-        __attribute__((warn_unused_result));
-int store_mark_published_recv(struct store *s) __attribute__((warn_unused_result));
+/* Every write below is fenced by the claim's token: only rows still locked_by token are
+ * touched, so a write of a batch whose lease ran out (or that was claimed on a server that
+ * has since failed over) changes nothing, and its rows are published again (a duplicate,
+ * never a loss, and never out of order for a key). */
 
-/* Records failures in one statement: attempts + 1 (or max_attempts when dead), last_error,
- * available_at = now() + delay, lease released. Fenced: only rows still locked_by this relay
- * are touched. *n_changed (may be NULL) gets how many rows were updated. */
-int store_mark_failed(struct store *s, const struct store_failure *f, size_t n, size_t *n_changed)
+/* Marks ids published (published_at = now(), lease cleared) in one durable statement, or
+ * deletes them when delete_rows. *n_changed (may be NULL; _recv) gets how many rows it hit. */
+int store_mark_published(struct store *s, const char *token, const char *const *ids, size_t n,
+                         bool delete_rows) __attribute__((warn_unused_result));
+int store_mark_published_send(struct store *s, const char *token, const char *const *ids, size_t n,
+                              bool delete_rows) __attribute__((warn_unused_result));
+int store_mark_published_recv(struct store *s, size_t *n_changed)
         __attribute__((warn_unused_result));
 
-/* Releases the leases of ids (attempts unchanged), fenced by locked_by. With ids == NULL,
- * releases every row this relay id holds (orderly shutdown). */
-int store_release(struct store *s, const char *const *ids, size_t n)
+/* Records failures in one statement: attempts + 1 (max_attempts when dead; unchanged when
+ * uncounted), last_error, available_at = now() + delay, lease released. *n_changed (may be
+ * NULL) gets how many rows were updated. */
+int store_mark_failed(struct store *s, const char *token, const struct store_failure *f, size_t n,
+                      size_t *n_changed) __attribute__((warn_unused_result));
+
+/* Releases the leases of ids (attempts unchanged). */
+int store_release(struct store *s, const char *token, const char *const *ids, size_t n)
         __attribute__((warn_unused_result));
+/* Releases every row any claim of this relay id holds (orderly shutdown; admin handles too).
+ * Tokens of this relay id start with the same prefix; rows leased by another relay are never
+ * touched. */
+int store_release_all(struct store *s) __attribute__((warn_unused_result));
+/* Extends the lease of b's rows to relay.lease from now and moves b->lease_deadline_ms. Rows
+ * no longer b's (another relay claimed them after the lease ran out) are dropped from b: they
+ * must not be published by this relay. */
+int store_renew(struct store *s, struct store_batch *b) __attribute__((warn_unused_result));
 
 /* Arms the wake-up flag so that producers' commits NOTIFY the channel for the next ttl_ms
  * (the flag expires by itself if the relay dies). Call before sleeping, then claim once more

@@ -111,8 +111,7 @@ char *store_schema_sql(const char *table, const char *channel)
 	struct sbuf b = { 0 };
 	const char *t, *p, *n;
 
-	if (!names_make(&nm, table) || !channel ||
-	    (channel[0] && !identifier_plain_valid(channel)))
+	if (!names_make(&nm, table) || !channel || (channel[0] && !identifier_plain_valid(channel)))
 		return NULL;
 	t = nm.t;
 	p = nm.prefix;

@@ -1,14 +1,16 @@
 /* Internals shared by the store's .c files (not installed, not for other modules): the handle,
- * identifier checks, error classification and text-array encoding. */
+ * sending requests and reading answers, error classification and text-array encoding. */
 #ifndef OUTBOX_STORE_STORE_PRIVATE_H
 #define OUTBOX_STORE_STORE_PRIVATE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <libpq-fe.h>
 
 #include "base/identifier.h"
 #include "store/outbox_store.h"
+#include "store/watermark.h"
 
 /* Longest "schema.table" plus the longest suffix we derive ("_pending_idx") and a NUL. */
 #define STORE_NAME_MAX   160
@@ -20,6 +22,45 @@ enum store_inflight {
 	STORE_INFLIGHT_CLAIM,
 	STORE_INFLIGHT_MARK,
 	STORE_INFLIGHT_MARK_NOOP, /* an empty mark: nothing was sent */
+	STORE_INFLIGHT_SYNC,      /* a request whose answer the same call reads */
+};
+
+/* Names of the prepared statements (per connection), see statements.c. */
+#define ST_CLAIM       "outbox_claim"
+#define ST_SAMPLE      "outbox_sample"
+#define ST_MARK        "outbox_mark"
+#define ST_DELETE      "outbox_delete"
+#define ST_FAIL        "outbox_fail"
+#define ST_RELEASE     "outbox_release"
+#define ST_RELEASE_ALL "outbox_release_all"
+#define ST_RENEW       "outbox_renew"
+#define ST_ARM         "outbox_arm"
+
+/* Columns a store_row needs, in the order the claim returns them. */
+#define STORE_ROW_COLUMNS                                                        \
+	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, " \
+	"o.content_type, o.headers, o.properties, o.ordering_key, "              \
+	"floor(extract(epoch FROM o.created_at))::bigint, o.attempts"
+enum store_claim_col {
+	COL_SEQ,
+	COL_ID,
+	COL_EXCHANGE,
+	COL_ROUTING_KEY,
+	COL_BODY,
+	COL_BODY_ENCODING,
+	COL_CONTENT_TYPE,
+	COL_HEADERS,
+	COL_PROPERTIES,
+	COL_ORDERING_KEY,
+	COL_CREATED_AT,
+	COL_ATTEMPTS,
+	/* the claim's last row (seq NULL): the watermark's sample and the lease left */
+	COL_WM_SEQ,
+	COL_WM_HOLDERS, /* "3/1234,5/99" or NULL */
+	COL_WM_NHOLDERS,
+	COL_LEASE_LEFT, /* ms, by the database clock, when the statement ended */
+	COL_WM_KEYED,   /* a keyed row above the settled watermark waits */
+	COL_COUNT
 };
 
 /* Reusable parameter buffers (array literals) of the handle. */
@@ -28,80 +69,114 @@ enum store_slot {
 	STORE_SLOT_ERRORS,
 	STORE_SLOT_DELAYS,
 	STORE_SLOT_DEAD,
+	STORE_SLOT_COUNTED,
 	STORE_SLOT_COUNT,
-};
-
-/* The ordering watermark: the highest seq such that no transaction still in progress can
- * commit a row with that seq or a lower one. Keyed rows are claimable only up to it, so a
- * key's rows go out in seq order with no row appearing later behind one already published.
- * Each claim reads the sequence's last value W (after its snapshot was taken) and reports
- * its snapshot's xmin and xmax. Any row with seq <= W_n was given its seq, and so its
- * transaction an id, before claim n read W_n, hence before claim n+1 took its snapshot: once
- * a later snapshot's xmin reaches claim n+1's xmax, all those transactions have ended and
- * W_n is settled. (This relies on the identity sequence handing out values in order, i.e.
- * CACHE 1, PostgreSQL's default.) */
-#define WM_PENDING 16
-
-struct ordering_watermark {
-	int64_t safe;   /* settled watermark */
-	int64_t last_w; /* W read by the last claim (or settle), to pair with the next xmax */
-	bool have_w;
-	/* Candidates (W, X), oldest first, W and X rising: W is settled once xmin >= X. Kept
-	 * until settled, so that under steady overlapping transactions the watermark still
-	 * moves as soon as xmin passes an older candidate. */
-	struct {
-		int64_t w;
-		uint64_t x;
-	} pend[WM_PENDING];
-	int npend;
-	bool stuck;         /* the oldest candidate waits for a transaction that is still running */
-	bool keyed_waiting; /* the last claim saw a keyed row above the settled watermark */
 };
 
 struct store {
 	struct store_options opts; /* strings borrowed from the caller */
 	PGconn *conn;
+	/* The connection's socket as seen by store_interrupt(), which may run on another
+	 * thread: set and cleared under fd_lock, and cleared before the socket is closed, so an
+	 * interrupt never reaches a descriptor that was closed and reused. */
+	pthread_mutex_t fd_lock;
+	int fd;
+	char server[300]; /* "host:port" of the connection in use or last tried */
+
 	bool prepared; /* the relay statements exist on this connection */
 	enum store_inflight inflight;
-	bool no_answer;      /* the server did not answer within the answer timeout (see collect) */
-	int64_t claim_floor; /* store_set_claim_floor() */
-	struct ordering_watermark wm;
-	char table[STORE_NAME_MAX]; /* as given, validated: "outbox" or "app.outbox" */
+	int64_t inflight_sent_ms; /* CLOCK_MONOTONIC send time of the request in flight */
+	bool no_answer;           /* the server did not answer within the answer timeout */
+	bool aborted;             /* the shutdown deadline ended a wait */
+	int64_t claim_floor;      /* store_set_claim_floor() */
+	struct watermark wm;
+	/* The identity sequence behind seq and this database, by OID, resolved at connect: the
+	 * watermark's samples read the sequence and the locks held on it. */
+	unsigned int seq_oid, db_oid;
+	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
+	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
+	uint32_t token_nonce;
+	uint32_t token_counter;
+	char claim_token[STORE_TOKEN_MAX]; /* the token of the claim in flight */
+	char table[STORE_NAME_MAX];        /* as given, validated: "outbox" or "app.outbox" */
 	char errmsg[STORE_ERRMSG_MAX];
-	/* Reused text-array literals ({"a","b"}) for the id/error parameters: no allocation per
-	 * call once warm. */
+	/* Reused text-array literals ({"a","b"}) for the parameters: no allocation per call once
+	 * warm. */
 	char *arr[STORE_SLOT_COUNT];
 	size_t arr_cap[STORE_SLOT_COUNT];
 };
 
+/* ---- schema.c ---- */
 /* Splits a validated table name into its schema part ("" when none) and its base name. */
 void store_split_table(const char *table, char *schema, size_t schema_len, char *base,
                        size_t base_len);
 /* "schema.base_wakeup" (or "base_wakeup") for a validated table; false when it does not fit. */
 bool store_wakeup_name(const char *table, char *out, size_t len);
+
+/* ---- request.c: requests, answers and errors ---- */
 /* strtoll with end-pointer and errno checks: 0, or -1 when v is not a whole int64. */
 int store_parse_int64(const char *v, int64_t *out);
-/* Formats the handle's error text (one line). */
+/* Formats the handle's error text (one line, scrubbed of the connection's secrets). */
 void store_set_error(struct store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sets the handle's error text to "prefix: text" as one line, scrubbed of the connection's
+ * secrets; either may be NULL. */
+void store_set_line(struct store *s, const char *prefix, const char *text);
 /* Classifies a failed result (res may be NULL), copies its message to the handle prefixed by
- * what, and returns STORE_ERR_CONN, _QUERY, _FATAL or _NOMEM. res is borrowed. */
+ * what, and returns STORE_ERR_CONN, _QUERY, _FATAL, _ABORTED or _NOMEM. res is borrowed. A
+ * request that got no answer in time leaves the connection closed. */
 int store_result_error(struct store *s, const PGresult *res, const char *what);
+/* Makes sure the connection is open and no request is waiting; STORE_ERR_CONN otherwise. */
+int store_require_conn(struct store *s) __attribute__((warn_unused_result));
 /* Runs sql with text params and expects status want; on success *out (owned by the caller,
- * PQclear()) gets the result. */
+ * PQclear()) gets the result, else nothing is written. Without params (nparams 0), sql may
+ * hold several statements; the last result counts. */
 int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
                ExecStatusType want, PGresult **out, const char *what)
         __attribute__((warn_unused_result));
+/* Sends a prepared statement without waiting for its answer (the caller reads it with
+ * store_collect()); kind says which _recv will read it. */
+int store_send_prepared(struct store *s, const char *name, int n, const char *const *params,
+                        enum store_inflight kind, const char *what)
+        __attribute__((warn_unused_result));
+/* Reads every result of the request in flight within the answer timeout and the shutdown
+ * deadline, and returns the one that tells how it went (the first error, else the last
+ * result; the caller PQclear()s it), or NULL (then store_result_error() says why). */
+PGresult *store_collect(struct store *s);
+/* Runs a prepared statement that changes rows and expects want; *changed (may be NULL) gets
+ * PQcmdTuples, *out (may be NULL) the result (caller PQclear()s). */
+int store_exec_prepared(struct store *s, const char *name, int n, const char *const *params,
+                        ExecStatusType want, size_t *changed, PGresult **out, const char *what)
+        __attribute__((warn_unused_result));
+/* Waits until the socket is readable (or writable, for_write) or the request's deadline; false
+ * when the deadline passed (the handle then records no_answer or aborted). Keeps progress_ms
+ * moving. deadline 0 = only the shutdown deadline. */
+bool store_wait_socket(struct store *s, bool for_write, int64_t deadline);
+/* The deadline of a request sent now: the answer timeout, or 0 for none. */
+int64_t store_request_deadline(const struct store *s);
+
+/* ---- text_array.c: parameter literals ---- */
 /* Builds a PostgreSQL text-array literal of n strings (get(items, i)) into the handle's
  * reusable slot; *out is borrowed from the handle until the next call with that slot. NULL
- * elements become NULL; each element is cut to 1000 characters (the widest column we
- * write); invalid UTF-8 bytes are replaced by '?' so one bad error text cannot fail a whole
- * statement. */
+ * elements become NULL. With sanitize, each element is cut to 1000 characters (the widest
+ * column we write) and invalid UTF-8 bytes become '?', so one bad error text cannot fail a
+ * whole statement; without, elements go verbatim (ids must match their rows byte for byte,
+ * also on a SQL_ASCII database). */
 int store_text_array(struct store *s, enum store_slot slot, const void *items, size_t n,
-                     const char *(*get)(const void *items, size_t i), const char **out)
+                     const char *(*get)(const void *items, size_t i), bool sanitize,
+                     const char **out) __attribute__((warn_unused_result));
+/* An int64 or boolean array literal of n elements: get(items, i) gives element i. */
+int store_int_array(struct store *s, enum store_slot slot, const void *items, size_t n,
+                    int64_t (*get)(const void *items, size_t i), const char **out)
+        __attribute__((warn_unused_result));
+int store_bool_array(struct store *s, enum store_slot slot, const void *items, size_t n,
+                     bool (*get)(const void *items, size_t i), const char **out)
         __attribute__((warn_unused_result));
 /* The getter for a plain array of strings (const char *const *). */
 const char *store_string_at(const void *items, size_t i);
-/* Makes sure the connection is open; STORE_ERR_CONN otherwise. */
-int store_require_conn(struct store *s) __attribute__((warn_unused_result));
+
+/* ---- statements.c ---- */
+/* Prepares the relay's statements on this connection unless done (admin handles prepare on
+ * first use only: before `migrate` the table may not exist). */
+int store_ensure_prepared(struct store *s) __attribute__((warn_unused_result));
 
 #endif

@@ -174,7 +174,11 @@ static void settle(struct store *s)
 	}
 }
 
-/* Claims once and returns the ids as "a,b,c" (static buffer). */
+/* The token of the last claim_str() (every write of claimed rows must carry it). */
+static char g_token[STORE_TOKEN_MAX];
+
+/* Claims once and returns the ids as "a,b,c" (static buffer); the claim's token goes to
+ * g_token. */
 static const char *claim_str(struct store *s, bool disarm)
 {
 	static char out[4096];
@@ -194,6 +198,7 @@ static const char *claim_str(struct store *s, bool disarm)
 		len += (size_t)snprintf(out + len, sizeof(out) - len, "%s%s", i ? "," : "",
 		                        b.rows[i].id);
 	}
+	snprintf(g_token, sizeof(g_token), "%s", b.token);
 	store_batch_free(&b);
 	return out;
 }
@@ -327,7 +332,7 @@ Test(store, claim_in_seq_order_and_writes_lease)
 	cr_assert_eq(b.rows[0].attempts, 0);
 	cr_assert_gt(b.rows[0].created_at_s, (int64_t)time(NULL) - 600);
 	cr_assert_eq(sql_int(g_admin,
-	                     "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'"
+	                     "SELECT count(*) FROM %s WHERE locked_by LIKE 'relay-1#%%'"
 	                     " AND locked_until > now() + interval '50 seconds'",
 	                     g_table),
 	             3);
@@ -411,7 +416,8 @@ Test(store, concurrent_claims_never_share_a_row)
 				total++;
 			}
 			/* Publishing makes the next row of each key claimable. */
-			cr_assert_eq(store_mark_published(rs[k], ids, bs[k]->n, false), 0);
+			cr_assert_eq(
+			        store_mark_published(rs[k], bs[k]->token, ids, bs[k]->n, false), 0);
 		}
 	}
 	cr_assert_eq(total, N);
@@ -435,9 +441,9 @@ Test(store, expired_lease_makes_rows_claimable)
 	cr_assert_str_eq(claim_str(r2, false), "", "leased rows are not claimable");
 	usleep(2500 * 1000);
 	cr_assert_str_eq(claim_str(r2, false), "l1,l2", "lease ran out");
-	cr_assert_eq(
-	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-2'", g_table),
-	        2);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by LIKE 'relay-2#%%'",
+	                     g_table),
+	             2);
 	store_free(r1);
 	store_free(r2);
 	store_free(a);
@@ -452,7 +458,12 @@ Test(store, mark_published_and_delete)
 	struct store *r = open_store(opts_for("relay-1", false));
 	cr_assert_str_eq(claim_str(r, false), "p1,p2,p\"3\\");
 	const char *ids[] = { "p1", "p\"3\\" };
-	cr_assert_eq(store_mark_published(r, ids, 2, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_mark_published(r, "relay-1#other.1", ids, 2, false), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE published_at IS NOT NULL", g_table),
+	        0, "a mark with another claim's token changes nothing");
+	cr_assert_eq(store_mark_published(r, g_token, ids, 2, false), 0, "%s", store_errmsg(r));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE published_at IS NOT NULL"
 	                     " AND locked_by IS NULL AND locked_until IS NULL",
@@ -460,14 +471,16 @@ Test(store, mark_published_and_delete)
 	             2, "quotes and backslashes in ids survive the array literal");
 	long long before =
 	        sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table);
-	cr_assert_eq(store_mark_published(r, ids, 1, false), 0);
+	cr_assert_eq(store_mark_published(r, g_token, ids, 1, false), 0);
 	cr_assert_eq(sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table),
 	             before, "an already published row is left alone");
-	cr_assert_eq(store_mark_published(r, ids, 0, false), 0, "empty mark is a no-op");
+	cr_assert_eq(store_mark_published(r, g_token, ids, 0, false), 0, "empty mark is a no-op");
 
 	const char *del[] = { "p2" };
-	cr_assert_eq(store_mark_published_send(r, del, 1, true), 0);
-	cr_assert_eq(store_mark_published_recv(r), 0, "%s", store_errmsg(r));
+	size_t hit = 0;
+	cr_assert_eq(store_mark_published_send(r, g_token, del, 1, true), 0);
+	cr_assert_eq(store_mark_published_recv(r, &hit), 0, "%s", store_errmsg(r));
+	cr_assert_eq(hit, 1);
 	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE id = 'p2'", g_table), 0);
 	store_free(r);
 	store_free(a);
@@ -493,9 +506,13 @@ Test(store, mark_failed_is_fenced_and_records_the_failure)
 		{ .id = "f2", .error = "bad \"json\"\xff", .delay_ms = 0, .dead = true },
 	};
 	size_t changed = 99;
-	cr_assert_eq(store_mark_failed(r2, f, 2, &changed), 0, "%s", store_errmsg(r2));
+	cr_assert_eq(store_mark_failed(r2, "relay-2#x.1", f, 2, &changed), 0, "%s",
+	             store_errmsg(r2));
 	cr_assert_eq(changed, 0, "another relay cannot touch rows it does not hold");
-	cr_assert_eq(store_mark_failed(r1, f, 2, &changed), 0, "%s", store_errmsg(r1));
+	cr_assert_eq(store_mark_failed(r1, "relay-1#x.1", f, 2, &changed), 0, "%s",
+	             store_errmsg(r1));
+	cr_assert_eq(changed, 0, "nor another claim of the same relay id");
+	cr_assert_eq(store_mark_failed(r1, g_token, f, 2, &changed), 0, "%s", store_errmsg(r1));
 	cr_assert_eq(changed, 2);
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE id = 'f1' AND attempts = 1"
@@ -527,18 +544,18 @@ Test(store, release_is_fenced_and_keeps_attempts)
 	struct store *y = open_store(opts_for("relay-2", false));
 	cr_assert_str_eq(claim_str(x, false), "r1,r2,r3");
 	const char *ids[] = { "r1" };
-	cr_assert_eq(store_release(y, ids, 1), 0);
-	cr_assert_eq(store_release(y, NULL, 0), 0);
-	cr_assert_eq(
-	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by = 'relay-1'", g_table), 3,
-	        "another relay id releases nothing");
-	cr_assert_eq(store_release(x, ids, 1), 0, "%s", store_errmsg(x));
+	cr_assert_eq(store_release(y, "relay-2#a.1", ids, 1), 0);
+	cr_assert_eq(store_release_all(y), 0);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by LIKE 'relay-1#%%'",
+	                     g_table),
+	             3, "another relay id releases nothing");
+	cr_assert_eq(store_release(x, g_token, ids, 1), 0, "%s", store_errmsg(x));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE id = 'r1' AND locked_by IS NULL"
 	                     " AND locked_until IS NULL AND attempts = 2",
 	                     g_table),
 	             1);
-	cr_assert_eq(store_release(x, NULL, 0), 0, "%s", store_errmsg(x));
+	cr_assert_eq(store_release_all(x), 0, "%s", store_errmsg(x));
 	cr_assert_eq(
 	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL", g_table),
 	        0);
@@ -559,16 +576,18 @@ Test(store, ordering_keys_head_only_and_failed_head_blocks_its_key)
 	wait_rows_settled();
 	struct store *r = open_store(opts_for("relay-1", false));
 	cr_assert_str_eq(claim_str(r, false), "a1,b1,u1", "only the head of each key");
+	char first[STORE_TOKEN_MAX];
+	snprintf(first, sizeof(first), "%s", g_token);
 	cr_assert_str_eq(claim_str(r, false), "",
 	                 "a key's next row waits while its head is leased");
 
 	const char *pa[] = { "a1" };
-	cr_assert_eq(store_mark_published(r, pa, 1, false), 0);
+	cr_assert_eq(store_mark_published(r, first, pa, 1, false), 0);
 	cr_assert_str_eq(claim_str(r, false), "a2", "next row after the head is published");
 
 	struct store_failure f = { .id = "b1", .error = "nack", .delay_ms = 60000 };
 	size_t changed = 0;
-	cr_assert_eq(store_mark_failed(r, &f, 1, &changed), 0);
+	cr_assert_eq(store_mark_failed(r, first, &f, 1, &changed), 0);
 	cr_assert_eq(changed, 1);
 	add("c1", "C", 0);
 	add("u2", NULL, 0);
@@ -618,11 +637,13 @@ Test(store, keyed_rows_wait_for_open_and_older_transactions)
 	wait_rows_settled();
 	cr_assert_str_eq(claim_str(r, false), "open1");
 
-	/* An older transaction that has written something is still open: a keyed row that a
-	 * newer transaction committed waits for it (the older one could still add an earlier
-	 * row of the key); unkeyed rows do not wait. */
+	/* An older transaction that has drawn a seq is still open: a keyed row that a newer
+	 * transaction committed waits for it (the older one holds an earlier seq and may still
+	 * commit a row of the key with it); unkeyed rows do not wait. */
 	sql(older, "BEGIN");
-	sql(older, "SELECT pg_current_xact_id()");
+	m.id = "early1";
+	m.ordering_key = "E";
+	cr_assert_eq(outbox_add(older, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
 	m.id = "late1";
 	m.ordering_key = "L";
 	cr_assert_eq(outbox_add(newer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
@@ -633,8 +654,30 @@ Test(store, keyed_rows_wait_for_open_and_older_transactions)
 	usleep(200 * 1000);
 	cr_assert_str_eq(claim_str(r, false), "", "held back while the older transaction runs");
 	sql(older, "COMMIT");
-	wait_rows_settled();
-	cr_assert_str_eq(claim_str(r, false), "late1");
+	cr_assert_str_eq(claim_str(r, false), "early1,late1");
+
+	/* A transaction that has drawn a seq but has no transaction id yet — the moment inside
+	 * a producer's first INSERT between the identity's nextval() and the txid default, made
+	 * to last here with a bare nextval() — holds back keyed rows committed after it: it may
+	 * still commit a row of their key with the earlier seq. (Comparing transaction ids with
+	 * the snapshot's xmin misses it: it has none.) */
+	sql(older, "BEGIN");
+	int64_t early_seq =
+	        sql_int(older, "SELECT nextval(pg_get_serial_sequence('%s', 'seq'))", g_table);
+	cr_assert_eq(sql_int(older, "SELECT (pg_current_xact_id_if_assigned() IS NULL)::int"), 1,
+	             "the drawing transaction has no transaction id");
+	m.id = "k2";
+	m.ordering_key = "K2";
+	cr_assert_eq(outbox_add(newer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	for (int i = 0; i < 5; i++)
+		cr_assert_str_eq(claim_str(r, false), "",
+		                 "a keyed row waits while an earlier seq may still commit");
+	sql(older,
+	    "INSERT INTO %s (seq, id, exchange_name, routing_key, body, ordering_key)"
+	    " OVERRIDING SYSTEM VALUE VALUES (%lld, 'k1', 'ex', 'rk', 'x', 'K2')",
+	    g_table, (long long)early_seq);
+	sql(older, "COMMIT");
+	cr_assert_str_eq(claim_str(r, false), "k1", "the earlier row of the key goes first");
 	PQfinish(older);
 	PQfinish(newer);
 	store_free(r);
@@ -849,8 +892,8 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 	 * must be just as good. */
 	for (int i = 0; i < 8; i++) {
 		PGresult *res = PQexec(r->conn, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE outbox_claim("
-		                                "false, 3, 100, 'relay-1', 60000, 0,"
-		                                " 9223372036854775807, '0', 9223372036854775807)");
+		                                "false, 3, 100, 'relay-1#t.1', 60000, 0,"
+		                                " 9223372036854775807, 9223372036854775807)");
 		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQresultErrorMessage(res));
 		static char plan[32768];
 		size_t len = 0;
@@ -865,7 +908,7 @@ Test(store, claim_plan_walks_the_pending_index_on_a_large_backlog, .timeout = 30
 		/* As the relay would: the claimed rows get published before the next claim. */
 		sql(g_admin,
 		    "UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
-		    " WHERE locked_by = 'relay-1'",
+		    " WHERE locked_by LIKE 'relay-1#%%'",
 		    g_table);
 	}
 	cr_assert_eq(

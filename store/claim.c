@@ -1,0 +1,317 @@
+/* Claiming: one statement leases up to a batch of claimable rows under a new token and returns
+ * them with the ordering watermark's sample; the rows are copied into the batch's own storage
+ * (a PGresult never leaves store/). Also the idle path's watermark settling. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+
+/* A claimed batch may carry large bodies, but never more than this in one go. */
+#define BATCH_BUF_MAX ((size_t)1 << 30)
+/* "No byte budget" for the claim's $8. */
+#define NO_BUDGET "9223372036854775807"
+
+static int cmp_row_seq(const void *a, const void *b)
+{
+	const struct store_row *x = a, *y = b;
+
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Feeds the watermark one sample: W, and the lock holders as "3/12,5/99" (n of them). */
+static void feed_sample(struct store *s, const char *w_text, const char *holders, int64_t n)
+{
+	watermark_vxid v[WATERMARK_HOLDERS];
+	size_t k = 0;
+	bool complete = n >= 0 && n <= WATERMARK_HOLDERS;
+	int64_t w;
+
+	if (store_parse_int64(w_text, &w) != 0)
+		return;
+	for (const char *p = holders; complete && p && *p;) {
+		char one[40];
+		size_t len = strcspn(p, ",");
+
+		if (len >= sizeof(one) || k == WATERMARK_HOLDERS) {
+			complete = false;
+			break;
+		}
+		memcpy(one, p, len);
+		one[len] = '\0';
+		if (watermark_parse_vxid(one, &v[k]) != 0) {
+			complete = false;
+			break;
+		}
+		k++;
+		p += len;
+		if (*p == ',')
+			p++;
+	}
+	if ((int64_t)k != n)
+		complete = false;
+	watermark_sample(&s->wm, w, v, k, complete);
+}
+
+/* Reads the claim's last row (seq NULL): the watermark's sample and the lease left. Returns the
+ * number of claimed rows (the sample is not one); UNION ALL puts it last, but one found
+ * elsewhere is still used and skipped by the parse loop. */
+static int take_sample(struct store *s, const PGresult *res, int nt, struct store_batch *out,
+                       int64_t sent_ms)
+{
+	for (int i = 0; i < nt; i++) {
+		int64_t n = -1, left = 0;
+
+		if (!PQgetisnull(res, i, COL_SEQ))
+			continue;
+		s->wm.waiting = PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
+		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
+			n = -1;
+		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
+		            PQgetisnull(res, i, COL_WM_HOLDERS)
+		                    ? ""
+		                    : PQgetvalue(res, i, COL_WM_HOLDERS),
+		            n);
+		/* By the database clock: what the statement said was left when it ended, counted
+		 * from when the claim was sent (earlier), so the deadline errs on the early side. */
+		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &left) != 0)
+			left = 0;
+		out->lease_deadline_ms = sent_ms + left;
+		return i == nt - 1 ? nt - 1 : nt;
+	}
+	out->lease_deadline_ms = sent_ms;
+	return nt;
+}
+
+/* Copies the result into the batch's single buffer: sizes first, so that the buffer is
+ * (re)allocated at most once and no pointer is taken before it stops moving. */
+static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out,
+                       int64_t sent_ms)
+{
+	int nt = PQntuples(res);
+	size_t total = 0, used = 0, k = 0;
+
+	if (PQnfields(res) != COL_COUNT) {
+		store_set_error(s, "claim returned %d columns, expected %d", PQnfields(res),
+		                COL_COUNT);
+		return STORE_ERR_QUERY;
+	}
+	for (int i = 0; i < nt; i++)
+		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++)
+			total += (size_t)PQgetlength(res, i, c) + 1;
+	nt = take_sample(s, res, nt, out, sent_ms);
+	if (total > BATCH_BUF_MAX) {
+		store_set_error(s,
+		                "claimed batch of %d rows needs %zu bytes, more than the limit "
+		                "of %zu: lower relay.batch_max_bytes",
+		                nt, total, BATCH_BUF_MAX);
+		return STORE_ERR_NOMEM;
+	}
+	if ((size_t)nt > out->cap) {
+		struct store_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
+		if (!r)
+			goto nomem;
+		out->rows = r;
+		out->cap = (size_t)nt;
+	}
+	if (total > out->buf_cap) {
+		size_t cap = out->buf_cap ? out->buf_cap : 64 * 1024;
+		while (cap < total)
+			cap *= 2;
+		if (cap > BATCH_BUF_MAX)
+			cap = BATCH_BUF_MAX;
+		/* No need to keep the old contents: the batch is being replaced. */
+		free(out->buf);
+		out->buf = malloc(cap);
+		out->buf_cap = out->buf ? cap : 0;
+		if (!out->buf)
+			goto nomem;
+	}
+	for (int i = 0; i < PQntuples(res); i++) {
+		struct store_row *r = &out->rows[k];
+		const char **dst[] = { &r->id,      &r->exchange,      &r->routing_key,
+			               &r->body,    &r->body_encoding, &r->content_type,
+			               &r->headers, &r->properties,    &r->ordering_key };
+		int64_t v;
+
+		if (PQgetisnull(res, i, COL_SEQ))
+			continue; /* the watermark sample */
+		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++) {
+			size_t len = (size_t)PQgetlength(res, i, c);
+			if (PQgetisnull(res, i, c)) {
+				*dst[c - COL_ID] = NULL;
+				continue;
+			}
+			memcpy(out->buf + used, PQgetvalue(res, i, c), len);
+			out->buf[used + len] = '\0';
+			*dst[c - COL_ID] = out->buf + used;
+			if (c == COL_BODY)
+				r->body_len = len;
+			used += len + 1;
+		}
+		if (store_parse_int64(PQgetvalue(res, i, COL_SEQ), &r->seq) != 0 ||
+		    store_parse_int64(PQgetvalue(res, i, COL_CREATED_AT), &r->created_at_s) != 0 ||
+		    store_parse_int64(PQgetvalue(res, i, COL_ATTEMPTS), &v) != 0) {
+			store_set_error(s, "claim returned an unreadable number");
+			out->n = 0;
+			return STORE_ERR_QUERY;
+		}
+		r->attempts = (int)v;
+		k++;
+	}
+	out->buf_len = used;
+	out->n = k;
+	snprintf(out->token, sizeof(out->token), "%s", s->claim_token);
+	/* RETURNING comes in no particular order; publishing must go oldest first. */
+	if (out->n > 1)
+		qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
+	return 0;
+nomem:
+	store_set_error(s, "out of memory");
+	return STORE_ERR_NOMEM;
+}
+
+/* Base 36, lowercase, into buf; returns buf. */
+static char *base36(uint32_t v, char *buf, size_t n)
+{
+	char tmp[16];
+	size_t len = 0;
+
+	do {
+		tmp[len++] = "0123456789abcdefghijklmnopqrstuvwxyz"[v % 36];
+		v /= 36;
+	} while (v && len < sizeof(tmp));
+	for (size_t i = 0; i < len && i + 1 < n; i++)
+		buf[i] = tmp[len - 1 - i];
+	buf[len < n ? len : n - 1] = '\0';
+	return buf;
+}
+
+/* A new token for the next claim: the counter wraps after 36^6 claims, long after any
+ * batch that carried an old value is gone. */
+static void next_token(struct store *s)
+{
+	char nonce[8], count[8];
+
+	s->token_counter = (s->token_counter + 1) % 2176782336u;
+	snprintf(s->claim_token, sizeof(s->claim_token), "%s%s.%s", s->token_prefix,
+	         base36(s->token_nonce, nonce, sizeof(nonce)),
+	         base36(s->token_counter, count, sizeof(count)));
+}
+
+int store_claim_send(struct store *s, bool disarm)
+{
+	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24];
+	const char *params[8];
+	int rc;
+
+	rc = store_ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	if (s->opts.admin) {
+		store_set_error(s, "an admin connection cannot claim");
+		return STORE_ERR_FATAL;
+	}
+	next_token(s);
+	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
+	snprintf(batch, sizeof(batch), "%d", s->opts.batch_size > 0 ? s->opts.batch_size : 1);
+	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
+	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
+	snprintf(safe, sizeof(safe), "%lld", (long long)watermark_safe(&s->wm));
+	if (s->opts.batch_max_bytes > 0)
+		snprintf(budget, sizeof(budget), "%lld", (long long)s->opts.batch_max_bytes);
+	else
+		snprintf(budget, sizeof(budget), "%s", NO_BUDGET);
+	params[0] = disarm ? "t" : "f";
+	params[1] = max;
+	params[2] = batch;
+	params[3] = s->claim_token;
+	params[4] = lease;
+	params[5] = floor_seq;
+	params[6] = safe;
+	params[7] = budget;
+	return store_send_prepared(s, ST_CLAIM, 8, params, STORE_INFLIGHT_CLAIM, "could not claim");
+}
+
+void store_set_claim_floor(struct store *s, int64_t from_seq)
+{
+	s->claim_floor = from_seq > 0 ? from_seq : 0;
+}
+
+int store_claim_recv(struct store *s, struct store_batch *out)
+{
+	int64_t sent_ms = s->inflight_sent_ms;
+	PGresult *res;
+	int rc;
+
+	out->n = 0;
+	if (!s->conn || s->inflight != STORE_INFLIGHT_CLAIM) {
+		store_set_error(s, "no claim is waiting for its result");
+		return s->conn ? STORE_ERR_QUERY : STORE_ERR_CONN;
+	}
+	res = store_collect(s);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		rc = store_result_error(s, res, "could not claim");
+	else
+		rc = parse_batch(s, res, out, sent_ms);
+	PQclear(res);
+	return rc;
+}
+
+int store_claim(struct store *s, bool disarm, struct store_batch *out)
+{
+	int rc = store_claim_send(s, disarm);
+
+	if (rc != 0) {
+		out->n = 0;
+		return rc;
+	}
+	return store_claim_recv(s, out);
+}
+
+/* One sample on its own (the idle path). */
+static int sample(struct store *s)
+{
+	PGresult *res = NULL;
+	int64_t n = -1;
+	int rc;
+
+	rc = store_exec_prepared(s, ST_SAMPLE, 0, NULL, PGRES_TUPLES_OK, NULL, &res,
+	                         "could not read the ordering watermark");
+	if (rc != 0)
+		return rc;
+	if (PQntuples(res) == 1 && PQnfields(res) == 3) {
+		if (store_parse_int64(PQgetvalue(res, 0, 2), &n) != 0)
+			n = -1;
+		feed_sample(s, PQgetvalue(res, 0, 0),
+		            PQgetisnull(res, 0, 1) ? "" : PQgetvalue(res, 0, 1), n);
+	}
+	PQclear(res);
+	return 0;
+}
+
+int store_settle_watermark(struct store *s)
+{
+	int64_t target;
+	int rc;
+
+	rc = store_ensure_prepared(s);
+	if (rc != 0)
+		return rc;
+	/* The first sample reads W and who may still commit below it; the second, a moment
+	 * later, settles W if they have all ended (the producers' transactions are short). */
+	if ((rc = sample(s)) != 0)
+		return rc;
+	target = s->wm.last_w;
+	if (watermark_safe(&s->wm) < target && (rc = sample(s)) != 0)
+		return rc;
+	return watermark_safe(&s->wm) >= target ? 0 : 1;
+}
+
+bool store_keys_settling(const struct store *s)
+{
+	return watermark_settling(&s->wm);
+}

@@ -1,0 +1,640 @@
+/* The store handle and its connection: connecting through a libpq host list to a writable
+ * primary within bounded time, refusing what cannot serve the relay (a missing or old table, a
+ * standby, a transaction-pooling proxy), setting up the relay's session and LISTENing. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/utf8.h"
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+
+/* Per host tried, unless the connection string sets connect_timeout itself. */
+#define CONNECT_TIMEOUT_S "10"
+/* Keywords a connection string may repeat per host (libpq's host lists). */
+#define HOST_LIST_MAX 16
+
+/* Columns store_connect() insists on in relay mode (DESIGN §1). */
+static const char *const required_columns[] = {
+	"seq",           "id",           "exchange_name", "routing_key",  "body",
+	"body_encoding", "content_type", "headers",       "properties",   "ordering_key",
+	"txid",          "created_at",   "available_at",  "published_at", "attempts",
+	"last_error",    "locked_by",    "locked_until",
+};
+
+/* ---- handle ---- */
+
+void store_batch_init(struct store_batch *b)
+{
+	memset(b, 0, sizeof(*b));
+}
+
+void store_batch_free(struct store_batch *b)
+{
+	if (!b)
+		return;
+	free(b->rows);
+	free(b->buf);
+	memset(b, 0, sizeof(*b));
+}
+
+/* A nonce for claim tokens: two handles (workers of one process, or relays given the same
+ * relay.id by mistake) must not produce the same tokens. */
+static uint32_t token_nonce(const struct store *s)
+{
+	uint32_t v = 0;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v))
+			v = 0;
+		close(fd);
+	}
+	if (v == 0)
+		v = (uint32_t)clock_mono_us() ^ (uint32_t)getpid() ^ (uint32_t)(uintptr_t)s;
+	return v;
+}
+
+/* Ownership: opts and its strings are borrowed for the handle's lifetime. */
+struct store *store_new(const struct store_options *opts)
+{
+	struct store *s = calloc(1, sizeof(*s));
+	const char *id;
+	size_t cut;
+
+	if (!s)
+		return NULL;
+	s->opts = *opts;
+	s->fd = -1;
+	if (pthread_mutex_init(&s->fd_lock, NULL) != 0) {
+		free(s);
+		return NULL;
+	}
+	/* An unusable name is remembered as "" and refused at connect with a message. */
+	if (opts->table && identifier_valid(opts->table))
+		snprintf(s->table, sizeof(s->table), "%s", opts->table);
+	/* Tokens are "<relay id>#<nonce>.<counter>" in 64 bytes: nonce and counter take at most
+	 * 14, so a longer relay id is cut (at a character boundary) to its first 50 bytes. */
+	id = opts->relay_id && opts->relay_id[0] ? opts->relay_id : "relay";
+	cut = utf8_valid_prefix(id, strlen(id) < 50 ? strlen(id) : 50);
+	snprintf(s->token_prefix, sizeof(s->token_prefix), "%.*s#", (int)cut, id);
+	s->token_nonce = token_nonce(s) % 2176782336u; /* 36^6: six base-36 digits */
+	watermark_reset(&s->wm);
+	return s;
+}
+
+/* Clears the descriptor store_interrupt() may use, before the socket is closed. */
+static void forget_fd(struct store *s)
+{
+	pthread_mutex_lock(&s->fd_lock);
+	s->fd = -1;
+	pthread_mutex_unlock(&s->fd_lock);
+}
+
+static void remember_fd(struct store *s)
+{
+	pthread_mutex_lock(&s->fd_lock);
+	s->fd = s->conn ? PQsocket(s->conn) : -1;
+	pthread_mutex_unlock(&s->fd_lock);
+}
+
+void store_disconnect(struct store *s)
+{
+	if (!s)
+		return;
+	forget_fd(s);
+	PQfinish(s->conn);
+	s->conn = NULL;
+	s->prepared = false;
+	s->inflight = STORE_INFLIGHT_NONE;
+	s->inflight_sent_ms = 0;
+	s->no_answer = false;
+	s->aborted = false;
+}
+
+void store_interrupt(struct store *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->fd_lock);
+	if (s->fd >= 0)
+		(void)shutdown(s->fd, SHUT_RDWR);
+	pthread_mutex_unlock(&s->fd_lock);
+}
+
+void store_free(struct store *s)
+{
+	if (!s)
+		return;
+	store_disconnect(s);
+	for (int i = 0; i < STORE_SLOT_COUNT; i++)
+		free(s->arr[i]);
+	pthread_mutex_destroy(&s->fd_lock);
+	free(s);
+}
+
+const char *store_errmsg(const struct store *s)
+{
+	return s ? s->errmsg : "no store";
+}
+
+const char *store_server(const struct store *s)
+{
+	return s ? s->server : "";
+}
+
+bool store_connected(const struct store *s)
+{
+	return s && s->conn && PQstatus(s->conn) == CONNECTION_OK;
+}
+
+int store_socket(const struct store *s)
+{
+	return store_connected(s) ? PQsocket(s->conn) : -1;
+}
+
+/* ---- connecting ---- */
+
+/* Only relay/ logs: the server's notices (migrate's "already exists, skipping") must not
+ * reach stderr through libpq's default processor. */
+static void ignore_notice(void *arg, const char *message)
+{
+	(void)arg;
+	(void)message;
+}
+
+/* keyword=value pairs for one connection attempt (NULL-terminated, borrowed strings). */
+struct attempt {
+	const char *keys[64];
+	const char *vals[64];
+	int n;
+	int64_t timeout_ms;
+};
+
+static void attempt_add(struct attempt *a, const char *key, const char *val)
+{
+	if (a->n < (int)(sizeof(a->keys) / sizeof(a->keys[0])) - 1 && val) {
+		a->keys[a->n] = key;
+		a->vals[a->n] = val;
+		a->n++;
+	}
+	a->keys[a->n] = NULL;
+	a->vals[a->n] = NULL;
+}
+
+/* One connection attempt, polled so that neither a silent host nor the shutdown deadline can
+ * hold it longer than its timeout (libpq enforces connect_timeout only in its blocking
+ * calls). Returns the connection (maybe CONNECTION_BAD: PQerrorMessage says why) or NULL on
+ * out of memory; *aborted tells that the shutdown deadline ended it. */
+static PGconn *connect_once(struct store *s, const struct attempt *a, int expand, bool *aborted)
+{
+	int64_t deadline = a->timeout_ms > 0 ? clock_mono_ms() + a->timeout_ms : 0;
+	PGconn *c = PQconnectStartParams(a->keys, a->vals, expand);
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+
+	*aborted = false;
+	if (!c || PQstatus(c) == CONNECTION_BAD)
+		return c;
+	while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+		PGconn *saved = s->conn;
+		bool ready;
+
+		/* store_wait_socket() polls s->conn's socket; the socket changes while libpq
+		 * walks the addresses of a host, so it is looked up each time. */
+		s->conn = c;
+		pthread_mutex_lock(&s->fd_lock);
+		s->fd = PQsocket(c);
+		pthread_mutex_unlock(&s->fd_lock);
+		ready = store_wait_socket(s, st == PGRES_POLLING_WRITING, deadline);
+		forget_fd(s);
+		s->conn = saved;
+		if (!ready) {
+			*aborted = s->aborted;
+			s->aborted = false;
+			s->no_answer = false;
+			PQfinish(c);
+			return NULL;
+		}
+		st = PQconnectPoll(c);
+	}
+	return c;
+}
+
+/* The timeout of one attempt: the connection string's connect_timeout, else ours. libpq
+ * reads it as whole seconds, values below 2 meaning 2. */
+static int64_t attempt_timeout_ms(const PQconninfoOption *opts)
+{
+	for (const PQconninfoOption *o = opts; o && o->keyword; o++) {
+		if (strcmp(o->keyword, "connect_timeout") == 0 && o->val && o->val[0]) {
+			long v = strtol(o->val, NULL, 10);
+
+			return v <= 0 ? 0 : (v < 2 ? 2 : v) * 1000;
+		}
+	}
+	return strtol(CONNECT_TIMEOUT_S, NULL, 10) * 1000;
+}
+
+/* Splits a comma-separated libpq list into at most HOST_LIST_MAX parts (in place). */
+static int split_list(char *v, char **parts)
+{
+	int n = 0;
+
+	if (!v || !v[0])
+		return 0;
+	for (char *p = v; n < HOST_LIST_MAX; n++) {
+		parts[n] = p;
+		p = strchr(p, ',');
+		if (!p) {
+			n++;
+			break;
+		}
+		*p++ = '\0';
+	}
+	return n;
+}
+
+/* Our settings first, the user's after: libpq keeps the last value of a repeated keyword,
+ * so anything the user sets wins. Keepalives notice a dead peer (a pulled cable, a
+ * failed-over VIP) in about 25 s instead of the kernel's 2 hours while the connection is
+ * idle; tcp_user_timeout does the same while a request is unanswered at the TCP level.
+ * target_session_attrs=read-write: the relay writes on every connection, so a standby (or a
+ * primary that came back as one after a failover) is never chosen. */
+static void add_defaults(struct store *s, struct attempt *a, char *user_timeout, size_t n)
+{
+	snprintf(user_timeout, n, "%lld", (long long)(s->opts.admin ? 0 : s->opts.lease_ms));
+	attempt_add(a, "application_name",
+	            s->opts.application_name ? s->opts.application_name : "outbox-relay");
+	attempt_add(a, "keepalives", "1");
+	attempt_add(a, "keepalives_idle", "10");
+	attempt_add(a, "keepalives_interval", "5");
+	attempt_add(a, "keepalives_count", "3");
+	attempt_add(a, "connect_timeout", CONNECT_TIMEOUT_S);
+	attempt_add(a, "tcp_user_timeout", user_timeout);
+	attempt_add(a, "target_session_attrs", "read-write");
+	attempt_add(a, "client_encoding", "UTF8");
+}
+
+/* Connects to the first host of the connection string's list that accepts and is writable,
+ * giving each host its own timeout (a host that silently drops packets must not keep the
+ * relay from the next one, as after a failover where the old primary's machine is gone). */
+static int open_connection(struct store *s)
+{
+	char *errbuf = NULL, *hosts = NULL, *addrs = NULL, *ports = NULL;
+	char *host_v[HOST_LIST_MAX], *addr_v[HOST_LIST_MAX], *port_v[HOST_LIST_MAX];
+	char user_timeout[24];
+	PQconninfoOption *opts;
+	struct attempt base = { .n = 0 };
+	int nh, na, np, count, rc = STORE_ERR_CONN;
+	bool aborted = false;
+
+	opts = PQconninfoParse(s->opts.conninfo ? s->opts.conninfo : "", &errbuf);
+	if (!opts) {
+		store_set_line(s, "invalid database.url", errbuf ? errbuf : "out of memory");
+		PQfreemem(errbuf);
+		return errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
+	}
+	add_defaults(s, &base, user_timeout, sizeof(user_timeout));
+	base.timeout_ms = attempt_timeout_ms(opts);
+	for (PQconninfoOption *o = opts; o->keyword; o++) {
+		if (!o->val)
+			continue;
+		if (strcmp(o->keyword, "host") == 0)
+			hosts = strdup(o->val);
+		else if (strcmp(o->keyword, "hostaddr") == 0)
+			addrs = strdup(o->val);
+		else if (strcmp(o->keyword, "port") == 0)
+			ports = strdup(o->val);
+		else
+			attempt_add(&base, o->keyword, o->val);
+	}
+	nh = split_list(hosts, host_v);
+	na = split_list(addrs, addr_v);
+	np = split_list(ports, port_v);
+	count = nh > na ? nh : na;
+	if (count == 0)
+		count = 1; /* PGHOST and friends, or libpq's default socket */
+	for (int i = 0; i < count; i++) {
+		struct attempt a = base;
+		PGconn *c;
+
+		if (i < nh)
+			attempt_add(&a, "host", host_v[i]);
+		if (i < na)
+			attempt_add(&a, "hostaddr", addr_v[i]);
+		if (np == 1)
+			attempt_add(&a, "port", port_v[0]);
+		else if (i < np)
+			attempt_add(&a, "port", port_v[i]);
+		c = connect_once(s, &a, 0, &aborted);
+		if (!c) {
+			if (aborted) {
+				store_set_line(s, "could not connect to PostgreSQL",
+				               "stopped at the shutdown deadline");
+				rc = STORE_ERR_ABORTED;
+				goto out;
+			}
+			snprintf(s->server, sizeof(s->server), "%s:%s", i < nh ? host_v[i] : "",
+			         np == 1 ? port_v[0] : (i < np ? port_v[i] : ""));
+			store_set_error(s, "could not connect to PostgreSQL at %s: timeout expired",
+			                s->server);
+			continue;
+		}
+		if (PQstatus(c) == CONNECTION_OK) {
+			s->conn = c;
+			rc = 0;
+			goto out;
+		}
+		snprintf(s->server, sizeof(s->server), "%s:%s", PQhost(c) ? PQhost(c) : "",
+		         PQport(c) ? PQport(c) : "");
+		store_set_line(s, "could not connect to PostgreSQL", PQerrorMessage(c));
+		PQfinish(c);
+	}
+out:
+	PQconninfoFree(opts);
+	free(hosts);
+	free(addrs);
+	free(ports);
+	return rc;
+}
+
+/* Relay mode: say plainly what is missing rather than failing later on a prepare. */
+static int check_table(struct store *s)
+{
+	char wake[STORE_NAME_MAX];
+	const char *params[2];
+	PGresult *res = NULL;
+	char missing[STORE_ERRMSG_MAX / 2] = "";
+	size_t mlen = 0;
+	bool have_wakeup = false;
+	int rc;
+
+	if (!store_wakeup_name(s->table, wake, sizeof(wake))) {
+		store_set_error(s, "table name '%s' too long", s->table);
+		return STORE_ERR_FATAL;
+	}
+	params[0] = s->table;
+	params[1] = wake;
+	rc = store_exec(s,
+	                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1)"
+	                " AND attnum > 0 AND NOT attisdropped"
+	                " UNION ALL SELECT '' WHERE to_regclass($2) IS NOT NULL",
+	                2, params, PGRES_TUPLES_OK, &res, "could not inspect the outbox table");
+	if (rc != 0)
+		goto out;
+	for (int i = 0; i < PQntuples(res); i++)
+		if (PQgetvalue(res, i, 0)[0] == '\0')
+			have_wakeup = true;
+	if (PQntuples(res) == (have_wakeup ? 1 : 0)) {
+		store_set_error(s, "table '%s' does not exist: run 'outbox-relay migrate'",
+		                s->table);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	for (size_t c = 0; c < sizeof(required_columns) / sizeof(required_columns[0]); c++) {
+		bool found = false;
+		for (int i = 0; i < PQntuples(res) && !found; i++)
+			found = strcmp(PQgetvalue(res, i, 0), required_columns[c]) == 0;
+		if (!found) {
+			int w = snprintf(missing + mlen, sizeof(missing) - mlen, "%s%s",
+			                 mlen ? ", " : "", required_columns[c]);
+			if (w > 0 && (size_t)w < sizeof(missing) - mlen)
+				mlen += (size_t)w;
+		}
+	}
+	if (mlen > 0) {
+		store_set_error(s, "table '%s' lacks column(s) %s: run 'outbox-relay migrate'",
+		                s->table, missing);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	if (!have_wakeup) {
+		store_set_error(s,
+		                "table '%s' lacks its wake-up table %s: run 'outbox-relay migrate'",
+		                s->table, wake);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	rc = 0;
+out:
+	PQclear(res);
+	return rc;
+}
+
+/* Runs sql on c and waits at most timeout_ms for its answer, without the store's machinery (the
+ * probe below runs two clients at once). *value (may be NULL) gets the first column of the
+ * last row as a new string. 0 on success, -1 on an error, 1 when no answer came in time. */
+static int probe_query(PGconn *c, const char *sql, int64_t timeout_ms, char **value)
+{
+	int64_t deadline = clock_mono_ms() + timeout_ms;
+	PGresult *r;
+	int rc = 0;
+
+	if (!PQsendQuery(c, sql))
+		return -1;
+	while (PQflush(c) > 0 || PQisBusy(c)) {
+		struct pollfd p = { .fd = PQsocket(c), .events = POLLIN | POLLOUT };
+		int64_t left = deadline - clock_mono_ms();
+
+		if (left <= 0)
+			return 1;
+		if (poll(&p, 1, (int)left) < 0 && errno != EINTR)
+			return -1;
+		if (!PQconsumeInput(c))
+			return -1;
+	}
+	while ((r = PQgetResult(c)) != NULL) {
+		ExecStatusType st = PQresultStatus(r);
+
+		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+			rc = -1;
+		if (value && st == PGRES_TUPLES_OK && PQntuples(r) > 0) {
+			free(*value);
+			*value = strdup(PQgetvalue(r, PQntuples(r) - 1, 0));
+		}
+		PQclear(r);
+	}
+	return rc;
+}
+
+/* Behind a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) the
+ * relay's session state — LISTEN, session settings, prepared statements — lands on server
+ * connections that other clients (the application!) then use, and the wake-up silently stops.
+ * A proxy shows itself by a cancel key whose pid is not the backend's. Then a session setting
+ * made by this connection is looked for from a second client that holds a transaction open
+ * meanwhile: a session pooler never shows one client's session to another and keeps our
+ * session ours; a transaction pooler hands server connections around (most recently used
+ * first), so either the other client sees our setting or we no longer do — or we get no
+ * server connection at all while the other client holds one. */
+static int check_pooler(struct store *s, const char *backend_pid)
+{
+	char nonce[32], set_sql[160], *seen_a = NULL, *seen_b = NULL;
+	const char *get_sql =
+	        "SELECT coalesce(current_setting('outbox_relay.pool_probe', true), '')";
+	struct attempt a = { .n = 0 };
+	char user_timeout[24];
+	PGconn *other = NULL;
+	bool aborted, pooled = false;
+	int rc = 0, q;
+
+	if ((long)PQbackendPID(s->conn) == strtol(backend_pid, NULL, 10))
+		return 0; /* a direct connection */
+	snprintf(nonce, sizeof(nonce), "%u.%lld", s->token_nonce, (long long)clock_mono_us());
+	snprintf(set_sql, sizeof(set_sql),
+	         "SELECT set_config('outbox_relay.pool_probe', '%s', false)", nonce);
+	if (probe_query(s->conn, set_sql, 10000, NULL) != 0)
+		goto out; /* cannot tell: the relay's own statements will show any trouble */
+	add_defaults(s, &a, user_timeout, sizeof(user_timeout));
+	attempt_add(&a, "dbname", s->opts.conninfo ? s->opts.conninfo : "");
+	a.timeout_ms = 10000;
+	other = connect_once(s, &a, 1, &aborted);
+	if (!other || PQstatus(other) != CONNECTION_OK || PQsetnonblocking(other, 1) != 0 ||
+	    probe_query(other, "BEGIN", 10000, NULL) != 0 ||
+	    probe_query(other, get_sql, 10000, &seen_b) != 0)
+		goto out;
+	q = probe_query(s->conn, get_sql, 5000, &seen_a);
+	(void)probe_query(other, "ROLLBACK", 10000, NULL);
+	pooled = q == 1 || (seen_b && strcmp(seen_b, nonce) == 0) ||
+	         (q == 0 && seen_a && strcmp(seen_a, nonce) != 0);
+	if (q != 0 && !pooled)
+		goto out;
+	if (pooled) {
+		store_set_error(s, "database.url leads to a connection pooler in transaction or "
+		                   "statement pooling mode (PgBouncer pool_mode=transaction?): the "
+		                   "relay needs a direct connection or session pooling (it LISTENs "
+		                   "and keeps session settings); producers may use any pooling");
+		rc = STORE_ERR_UNSUPPORTED;
+	}
+out:
+	if (other)
+		PQfinish(other);
+	free(seen_a);
+	free(seen_b);
+	return rc;
+}
+
+/* The relay's session. The claim must walk the pending index in seq order and stop after
+ * `batch` rows. With missing or stale statistics (a bulk load before autoanalyze) the planner
+ * prefers a bitmap scan of every pending row plus a sort, measured at 30x the time on a
+ * 100,000 row backlog; none of this connection's statements needs either, so they are taken
+ * off the table here rather than left to the estimates. (The claim's byte budget still sorts
+ * its few rows: the penalty that steers the planner then pushes the cost past jit_above_cost,
+ * and compiling the statement took 700 ms a claim; JIT never pays off for statements this
+ * small, so it is off too.) The relay's own writes (leases,
+ * failures, releases) commit without waiting for the WAL flush: a database crash can only
+ * forget some of them, which returns rows to be published again (a duplicate, never a loss).
+ * Marks stay durable (see statements.c), so a key's next row is never published while its
+ * predecessor could still come back. statement_timeout matches the answer timeout, so that
+ * a statement the relay gave up on (say, waiting for a lock a migration holds) stops on the
+ * server too. Then: is this a writable primary, which sequence is behind seq, and is there a
+ * pooler in between. */
+static int setup_session(struct store *s)
+{
+	char sql[STORE_NAME_MAX + 512];
+	PGresult *res = NULL;
+	const char *params[1] = { s->table };
+	char *pid = NULL;
+	int rc;
+
+	snprintf(sql, sizeof(sql),
+	         "SET enable_bitmapscan = off; SET enable_sort = off; SET jit = off;"
+	         " SET synchronous_commit = off; SET statement_timeout = %lld",
+	         (long long)s->opts.lease_ms);
+	rc = store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not set up the session");
+	if (rc != 0)
+		return rc;
+	rc = store_exec(s,
+	                "SELECT pg_backend_pid()::text, pg_is_in_recovery(),"
+	                " current_setting('transaction_read_only') = 'on',"
+	                " pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
+	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text",
+	                1, params, PGRES_TUPLES_OK, &res, "could not set up the session");
+	if (rc != 0)
+		return rc;
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 3)) {
+		store_set_error(s,
+		                "table '%s' has no identity sequence behind seq: run "
+		                "'outbox-relay migrate'",
+		                s->table);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	if (PQgetvalue(res, 0, 1)[0] == 't' || PQgetvalue(res, 0, 2)[0] == 't') {
+		store_set_error(s,
+		                "server %s is read-only (a standby?); the relay needs the "
+		                "primary: list every node in database.url",
+		                s->server);
+		rc = STORE_ERR_CONN;
+		goto out;
+	}
+	s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 3), NULL, 10);
+	s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 4), NULL, 10);
+	pid = strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	res = NULL;
+	if (!pid) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	rc = check_pooler(s, pid);
+out:
+	PQclear(res);
+	free(pid);
+	return rc;
+}
+
+int store_connect(struct store *s)
+{
+	char sql[STORE_NAME_MAX + 32];
+	int rc;
+
+	store_disconnect(s);
+	if (!s->table[0]) {
+		store_set_error(s, "table name '%s' is not a valid identifier",
+		                s->opts.table ? s->opts.table : "");
+		return STORE_ERR_FATAL;
+	}
+	rc = open_connection(s);
+	if (rc != 0)
+		return rc;
+	snprintf(s->server, sizeof(s->server), "%s:%s", PQhost(s->conn) ? PQhost(s->conn) : "",
+	         PQport(s->conn) ? PQport(s->conn) : "");
+	remember_fd(s);
+	PQsetNoticeProcessor(s->conn, ignore_notice, NULL);
+	/* Non-blocking: a send never waits inside libpq, where no deadline reaches it. */
+	if (PQsetnonblocking(s->conn, 1) != 0) {
+		store_set_line(s, "could not set up the connection", PQerrorMessage(s->conn));
+		rc = STORE_ERR_CONN;
+		goto out;
+	}
+	/* A new connection may be a new server (a failover): lock lists of the old one say
+	 * nothing here. Keyed rows wait for the first settled sample. */
+	watermark_reset(&s->wm);
+	if (s->opts.admin)
+		return 0;
+	if ((rc = check_table(s)) != 0 || (rc = setup_session(s)) != 0 ||
+	    (rc = store_ensure_prepared(s)) != 0)
+		goto out;
+	if (s->opts.channel && s->opts.channel[0]) {
+		if (!identifier_plain_valid(s->opts.channel)) {
+			store_set_error(s, "channel '%s' is not a valid identifier",
+			                s->opts.channel);
+			rc = STORE_ERR_FATAL;
+			goto out;
+		}
+		/* Quoted, so that the name matches pg_notify('<channel>') case for case. */
+		snprintf(sql, sizeof(sql), "LISTEN \"%s\"", s->opts.channel);
+		rc = store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not LISTEN");
+	}
+out:
+	if (rc != 0) {
+		/* Keep the message: store_disconnect() does not touch it. */
+		store_disconnect(s);
+	}
+	return rc;
+}
