@@ -1,14 +1,16 @@
-/* /healthz, /readyz and /metrics on libmicrohttpd's own thread, plus the tiny blocking client
- * that `outbox-relay healthcheck` uses so the container image needs no curl. The server side
- * reads g_metrics atomics only and never touches a database or broker connection. */
+/* /healthz, /readyz and /metrics served by libmicrohttpd from a thread of this module, which
+ * holds every connection to an absolute deadline and to the connection limits (http.h); plus
+ * the tiny blocking client that `outbox-relay healthcheck` uses so the image needs no curl. */
 #include "relay/http.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,17 +23,75 @@
 #include "base/hostport.h"
 #include "relay/metrics.h"
 
-/* Scrapers and probes are few; the limits keep a flood of idle connections from pinning
- * memory or the one polling thread. */
-#define HTTP_CONNECTION_LIMIT     32u
-#define HTTP_CONNECTION_TIMEOUT_S 10u
-#define HTTP_BACKLOG              16
-#define HTTP_MAX_WORKERS          ((int)(sizeof(g_metrics.tick_ms) / sizeof(g_metrics.tick_ms[0])))
+/*
+ * How connections are held to their deadlines and limits.
+ *
+ * libmicrohttpd's own timeout (MHD_OPTION_CONNECTION_TIMEOUT) counts idle time, and every
+ * byte received resets it: a client sending one byte a second keeps its connection forever.
+ * Its per-IP limit refuses the newest connection, which may be the prober's (http.h). So this
+ * module keeps its own table of connections, filled from MHD_OPTION_NOTIFY_CONNECTION, with
+ * the deadline of each one's current phase, and enforces both: a connection past its deadline,
+ * or the one chosen to make room, has its socket shut down - shutdown(), never close(): the
+ * descriptor stays libmicrohttpd's, which sees the end of the stream, closes the socket and
+ * forgets the connection the usual way.
+ *
+ * The daemon runs in external-select mode (MHD_USE_EPOLL without an internal thread), driven
+ * by serve() on a thread of this module, rather than on its internal thread with a timer
+ * thread beside it. Everything that reads or writes the table then runs on that one thread:
+ * the notifications and the request handler (both called from inside MHD_run()) and the
+ * deadline check between two MHD_run() calls. That is what makes shutdown() safe: a socket is
+ * only closed inside MHD_run() (or MHD_stop_daemon()), and libmicrohttpd 0.9.75 sends
+ * MHD_CONNECTION_NOTIFY_CLOSED just before that close() (MHD_cleanup_connections() and the
+ * failure path of new_connection_process_() in daemon.c), where this module forgets the
+ * descriptor. Between two MHD_run() calls every descriptor in the table is therefore still
+ * open and still that connection's, never a number already reused by a new socket; a timer
+ * thread would need one lock around its shutdown() calls and the notifications to be as sure.
+ * The loop also sleeps exactly until the nearest deadline, with no periodic tick.
+ *
+ * Every answer carries "Connection: close", so a connection serves one request: probes and
+ * scrapes come seconds apart, reusing a connection would save nothing, and a connection that
+ * never waits between requests has no idle phase for a slow client to hold. (0.9.75 closes
+ * after an answer queued from the first handler call anyway; the header makes it so on every
+ * version, and the response deadline still bounds any connection that stayed open.)
+ */
+
+/* The kernel's queue of connections not yet accepted (capped by net.core.somaxconn). When
+ * it is full, a new connection's SYN is dropped and its client retries a second later, as
+ * long as kubelet's whole default probe timeout; queued, it waits a few turns of the loop
+ * (10 accepts each). A burst of reconnecting clients must not fill it, so it is long. */
+#define HTTP_BACKLOG     1024
+#define HTTP_MAX_WORKERS ((int)(sizeof(g_metrics.tick_ms) / sizeof(g_metrics.tick_ms[0])))
+
+enum http_phase {
+	HTTP_FREE = 0,  /* slot unused */
+	HTTP_RECEIVING, /* accepted, request not complete: may be shut down to make room */
+	HTTP_ANSWERING, /* request complete, answer being sent */
+	HTTP_CLOSING,   /* shut down here; libmicrohttpd has yet to notice and close it */
+};
+
+struct http_conn {
+	enum http_phase phase;
+	int fd;                 /* libmicrohttpd's socket: open for as long as the slot is used */
+	unsigned char addr[16]; /* client address, IPv4 as ::ffff:a.b.c.d so both listeners agree */
+	uint64_t seq;           /* accept order: the lowest receiving one has waited longest */
+	int64_t deadline_ms;    /* CLOCK_MONOTONIC end of the current phase */
+};
 
 struct http_server {
 	struct MHD_Daemon *daemon;
 	int64_t stale_after_ms;
 	char version[128];
+	pthread_t thread;
+	bool running; /* the thread was started and must be joined */
+	atomic_bool stopping;
+	int wake[2];        /* http_stop() writes to wake[1] to end serve()'s poll() */
+	int epoll_fd;       /* libmicrohttpd's, which serve() polls */
+	uint64_t next_seq;  /* accept order, for the next connection */
+	uint64_t turn_seq;  /* next_seq when the current turn began: later ones are unread */
+	uint64_t prev_turn; /* turn_seq of the turn before */
+	/* Used by the serving thread only (and by MHD_stop_daemon() once that has ended). As
+	 * large as libmicrohttpd's limit, so every connection it keeps has a slot. */
+	struct http_conn conns[HTTP_CONNECTION_LIMIT];
 };
 
 /* Binds and listens on one address; -1 with errno set on failure. */
@@ -101,6 +161,200 @@ static int open_listener(const struct hostport *ep, const char *listen, char *er
 	return fd;
 }
 
+/* ---- connection table (serving thread only) ---- */
+
+static void addr_key(const struct sockaddr *sa, unsigned char key[16])
+{
+	memset(key, 0, 16);
+	if (sa != NULL && sa->sa_family == AF_INET) {
+		key[10] = key[11] = 0xff;
+		memcpy(key + 12, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+	} else if (sa != NULL && sa->sa_family == AF_INET6) {
+		memcpy(key, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+	}
+}
+
+static bool live(const struct http_conn *c)
+{
+	return c->phase == HTTP_RECEIVING || c->phase == HTTP_ANSWERING;
+}
+
+/* Ends a connection: libmicrohttpd reads the end of the stream on its next turn and closes
+ * it. The slot stays until then, so the descriptor is not forgotten before it is closed. */
+static void cut(struct http_conn *c)
+{
+	(void)shutdown(c->fd, SHUT_RDWR);
+	c->phase = HTTP_CLOSING;
+}
+
+/* Live connections from addr, or from anywhere when addr is NULL. */
+static int count_live(const struct http_server *h, const unsigned char *addr)
+{
+	int n = 0;
+
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
+		n += live(&h->conns[i]) &&
+		     (addr == NULL || memcmp(h->conns[i].addr, addr, 16) == 0);
+	return n;
+}
+
+/* Shuts down, of the connections from addr (from anywhere when addr is NULL), the one that
+ * was accepted first among those still receiving a request that libmicrohttpd has had a turn
+ * to read; false when there is none. A connection accepted in the last turn has not been read
+ * at all (a turn learns which sockets are readable before it accepts), so it is spared even
+ * in a flood: a prober's request, sent with its connection, is read in the next turn, and
+ * from then on the prober is answering and is never chosen. */
+static bool cut_oldest(struct http_server *h, const unsigned char *addr)
+{
+	struct http_conn *oldest = NULL;
+
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
+		struct http_conn *c = &h->conns[i];
+
+		if (c->phase != HTTP_RECEIVING || c->seq >= h->turn_seq ||
+		    (addr != NULL && memcmp(c->addr, addr, 16) != 0))
+			continue;
+		if (oldest == NULL || c->seq < oldest->seq)
+			oldest = c;
+	}
+	if (oldest == NULL)
+		return false;
+	cut(oldest);
+	return true;
+}
+
+/* Brings each address, then the whole, back within its limit (http.h). When no connection can
+ * be chosen, the excess waits: those spared now are chosen after the next turn, and those
+ * answering end by their response deadline. */
+static void make_room(struct http_server *h)
+{
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
+		/* The slot's address stays as it is while it is cut (only a notification
+		 * inside MHD_run() clears it). */
+		const unsigned char *addr = h->conns[i].addr;
+
+		if (!live(&h->conns[i]))
+			continue;
+		while (count_live(h, addr) > HTTP_PER_ADDRESS_LIMIT && cut_oldest(h, addr))
+			;
+	}
+	while (count_live(h, NULL) > HTTP_CONNECTION_SOFT_LIMIT && cut_oldest(h, NULL))
+		;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+	struct http_server *h = cls;
+	struct http_conn *c = NULL;
+	const union MHD_ConnectionInfo *fd_info, *addr_info;
+
+	if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+		/* Sent just before libmicrohttpd closes the socket: from here on its number may
+		 * be reused, so the slot must no longer hold it. */
+		c = *socket_context;
+		if (c != NULL)
+			memset(c, 0, sizeof(*c));
+		*socket_context = NULL;
+		return;
+	}
+	if (code != MHD_CONNECTION_NOTIFY_STARTED)
+		return;
+	fd_info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	addr_info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT && c == NULL; i++)
+		if (h->conns[i].phase == HTTP_FREE)
+			c = &h->conns[i];
+	if (fd_info == NULL)
+		return; /* 0.9.75 always knows it; without it nothing could end the connection */
+	if (c == NULL) {
+		/* Cannot happen while the table is as large as libmicrohttpd's limit; a
+		 * connection without a slot would have no deadline, so it is not served. */
+		(void)shutdown(fd_info->connect_fd, SHUT_RDWR);
+		return;
+	}
+	c->phase = HTTP_RECEIVING;
+	c->fd = fd_info->connect_fd;
+	addr_key(addr_info != NULL ? addr_info->client_addr : NULL, c->addr);
+	c->seq = h->next_seq++;
+	c->deadline_ms = clock_mono_ms() + HTTP_REQUEST_DEADLINE_MS;
+	*socket_context = c;
+}
+
+/* The request is complete (the handler runs once its headers are in): from now on the
+ * connection has the response deadline and is no longer shut down to make room. */
+static void now_answering(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *info =
+	        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	struct http_conn *c = info != NULL ? info->socket_context : NULL;
+
+	if (c != NULL && c->phase == HTTP_RECEIVING) {
+		c->phase = HTTP_ANSWERING;
+		c->deadline_ms = clock_mono_ms() + HTTP_RESPONSE_DEADLINE_MS;
+	}
+}
+
+/* Shuts down every connection past the deadline of its phase. */
+static void cut_late(struct http_server *h, int64_t now)
+{
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
+		if (live(&h->conns[i]) && h->conns[i].deadline_ms <= now)
+			cut(&h->conns[i]);
+}
+
+/* How long serve() may sleep: until the nearest deadline or libmicrohttpd's own next
+ * timeout (0 while it has data in hand); -1 when neither exists. */
+static int next_wait_ms(struct http_server *h, int64_t now)
+{
+	MHD_UNSIGNED_LONG_LONG mhd_ms;
+	int64_t wait = -1;
+
+	for (size_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
+		const struct http_conn *c = &h->conns[i];
+		int64_t left = c->deadline_ms - now;
+
+		if (!live(c))
+			continue;
+		if (left < 0)
+			left = 0;
+		if (wait < 0 || left < wait)
+			wait = left;
+	}
+	if (MHD_get_timeout(h->daemon, &mhd_ms) == MHD_YES &&
+	    (wait < 0 || mhd_ms < (MHD_UNSIGNED_LONG_LONG)wait))
+		wait = mhd_ms > INT_MAX ? INT_MAX : (int64_t)mhd_ms;
+	return wait > INT_MAX ? INT_MAX : (int)wait;
+}
+
+/* The serving thread: waits for libmicrohttpd's sockets, a deadline or http_stop(), lets
+ * libmicrohttpd do its part, then ends what is late. */
+static void *serve(void *arg)
+{
+	struct http_server *h = arg;
+
+	while (!atomic_load(&h->stopping)) {
+		struct pollfd p[2] = { { .fd = h->epoll_fd, .events = POLLIN },
+			               { .fd = h->wake[0], .events = POLLIN } };
+
+		/* poll() on two descriptors of ours fails only with EINTR or ENOMEM: a turn
+		 * taken early is harmless, but must not become a spin. */
+		if (poll(p, 2, next_wait_ms(h, clock_mono_ms())) < 0 && errno != EINTR)
+			(void)poll(NULL, 0, 10);
+		if (atomic_load(&h->stopping))
+			break;
+		h->prev_turn = h->turn_seq;
+		h->turn_seq = h->next_seq;
+		(void)MHD_run(h->daemon);
+		/* Limits only change with an accept in this turn or the last (whose connections
+		 * can now be chosen); counting at every turn would cost a flood's worth of scans. */
+		if (h->next_seq != h->prev_turn)
+			make_room(h);
+		cut_late(h, clock_mono_ms());
+	}
+	return NULL;
+}
+
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned int status, const char *body,
                                const char *content_type)
 {
@@ -113,6 +367,8 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned int status,
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
 	/* Probes must see the state now, never a cached answer. */
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+	/* One request per connection (see the top of this file). */
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
 		MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
 	ret = MHD_queue_response(conn, status, r);
@@ -191,6 +447,7 @@ static enum MHD_Result metrics(struct MHD_Connection *conn, const struct http_se
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
 	MHD_destroy_response(r);
 	return ret;
@@ -206,7 +463,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 	(void)upload_data;
 	(void)upload_data_size;
 	(void)con_cls;
-	/* HEAD is a GET without the body (libmicrohttpd drops it), so probes using it work. */
+	now_answering(conn);
+	/* HEAD is a GET without the body (libmicrohttpd drops it), so probes using it work.
+	 * Anything else is refused at once; answering before a body has been read makes
+	 * libmicrohttpd discard the rest and close, so a large upload is never waited for. */
 	if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
 		return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n",
 		               "text/plain");
@@ -224,6 +484,7 @@ struct http_server *http_start(const char *listen, int64_t stale_after_ms, const
 {
 	struct hostport ep;
 	struct http_server *h = NULL, *result = NULL;
+	const union MHD_DaemonInfo *info;
 	int fd = -1;
 
 	if (hostport_parse(listen, &ep, err, errlen) < 0)
@@ -233,26 +494,47 @@ struct http_server *http_start(const char *listen, int64_t stale_after_ms, const
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
+	h->wake[0] = h->wake[1] = -1;
 	h->stale_after_ms = stale_after_ms;
 	snprintf(h->version, sizeof(h->version), "%s", version ? version : "unknown");
+	if (pipe2(h->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+		snprintf(err, errlen, "could not create a pipe: %s", strerror(errno));
+		goto out;
+	}
 	fd = open_listener(&ep, listen, err, errlen);
 	if (fd < 0)
 		goto out;
 	h->daemon = MHD_start_daemon(
-	        MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET,
-	        (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-	        MHD_OPTION_CONNECTION_TIMEOUT, HTTP_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+	        MHD_USE_EPOLL, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+	        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
+	        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY,
+	        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
+	/* The daemon owns the socket from here, even when it failed to start: 0.9.75 closes it
+	 * on most of its failure paths but not all, and a second close() could hit a descriptor
+	 * another thread has just opened. At worst a failed start-up, which ends the process,
+	 * leaves one descriptor open. */
+	fd = -1;
 	if (h->daemon == NULL) {
 		snprintf(err, errlen, "could not start the HTTP server on %s", listen);
 		goto out;
 	}
-	fd = -1; /* the daemon owns it now and closes it in MHD_stop_daemon */
+	info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+	if (info == NULL || info->epoll_fd < 0) {
+		snprintf(err, errlen, "could not start the HTTP server on %s: no epoll", listen);
+		goto out;
+	}
+	h->epoll_fd = info->epoll_fd;
+	if (pthread_create(&h->thread, NULL, serve, h) != 0) {
+		snprintf(err, errlen, "could not start the HTTP thread");
+		goto out;
+	}
+	h->running = true;
 	result = h;
 	h = NULL;
 out:
 	if (fd >= 0)
 		close(fd);
-	free(h);
+	http_stop(h); /* a server that did not start */
 	return result;
 }
 
@@ -260,7 +542,25 @@ void http_stop(struct http_server *h)
 {
 	if (h == NULL)
 		return;
-	MHD_stop_daemon(h->daemon);
+	if (h->running) {
+		ssize_t n;
+
+		atomic_store(&h->stopping, true);
+		/* The pipe is empty, so one byte always fits; serve() checks the flag after any
+		 * wake-up, so nothing more is needed. */
+		do
+			n = write(h->wake[1], "x", 1);
+		while (n < 0 && errno == EINTR);
+		pthread_join(h->thread, NULL);
+	}
+	/* Shuts down and closes every connection (each one notified as closed first) and the
+	 * listening socket. */
+	if (h->daemon != NULL)
+		MHD_stop_daemon(h->daemon);
+	if (h->wake[0] >= 0)
+		close(h->wake[0]);
+	if (h->wake[1] >= 0)
+		close(h->wake[1]);
 	free(h);
 }
 
