@@ -73,9 +73,16 @@ static int parse_object(const char *column, const char *text, json_t **out, char
 	json_t *v =
 	        json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 
-	if (v == NULL)
+	if (v == NULL) {
+		/* jansson quotes the token it stopped at, raw newlines included: the error
+		 * must stay one line */
+		for (char *c = jerr.text; *c != '\0'; c++) {
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = '?';
+		}
 		return fail(err, errlen, "%s: invalid JSON at line %d column %d: %s", column,
 		            jerr.line, jerr.column, jerr.text);
+	}
 	if (!json_is_object(v)) {
 		json_decref(v);
 		return fail(err, errlen, "%s: not a JSON object", column);

@@ -461,3 +461,13 @@ Test(message_map, body_check_against_max_message_size)
 	cr_assert_str_eq(err,
 	                 "body: 1,000 bytes exceed the broker's max_message_size of 999 bytes");
 }
+
+/* jansson quotes the token it stopped at as it was written, a raw newline included: the
+ * error stays one line (found by fuzz_message_map). */
+Test(message_map, json_errors_stay_on_one_line)
+{
+	struct broker_message m = row("{\"tracep\\\n\n \nccccc\":87", "{}");
+
+	expect_invalid(&m, "headers: invalid JSON at line 2 column 0: invalid escape near "
+	                   "'\"tracep\\?'");
+}
