@@ -598,14 +598,15 @@ static void secrets_free(struct secrets *ss)
 }
 
 /* Writes p[0, len) percent-decoded into buf (room for len bytes); returns its length.
- * Invalid escapes stay as written, as in the message that complains about them. */
+ * Invalid escapes stay as written, as in the message that complains about them, and so does
+ * %00: libpq refuses it, and a message (a C string) could only hold it as written. */
 static size_t percent_decode(const char *p, size_t len, char *buf)
 {
 	size_t n = 0;
 
 	for (size_t i = 0; i < len; i++) {
 		if (p[i] == '%' && i + 2 < len && hex_value(p[i + 1]) >= 0 &&
-		    hex_value(p[i + 2]) >= 0) {
+		    hex_value(p[i + 2]) >= 0 && (hex_value(p[i + 1]) | hex_value(p[i + 2])) != 0) {
 			buf[n++] = (char)(hex_value(p[i + 1]) * 16 + hex_value(p[i + 2]));
 			i += 2;
 		} else {
