@@ -89,8 +89,8 @@ static bool identifier_checked(const char *v, bool valid, char *why, size_t n)
 	return valid;
 }
 
-/* amqp.url: URLs separated by commas, each amqp:// or amqps://. A wrong one is named by its
- * position, since the URL itself may hold a password. */
+/* amqp.url: URLs separated by commas (blanks around them allowed), each amqp:// or amqps://.
+ * A wrong one is named by its position, since the URL itself may hold a password. */
 static bool amqp_urls_valid(const char *v, char *why, size_t n)
 {
 	size_t count = 1, pos = 1;
@@ -99,11 +99,20 @@ static bool amqp_urls_valid(const char *v, char *why, size_t n)
 		count += *p == ',';
 	for (const char *p = v;; pos++) {
 		size_t len = strcspn(p, ",");
-		bool ok = (len >= 7 && strncmp(p, "amqp://", 7) == 0) ||
-		          (len >= 8 && strncmp(p, "amqps://", 8) == 0);
+		const char *u = p;
+		size_t ulen = len;
+		bool ok;
 
+		while (ulen > 0 && (*u == ' ' || *u == '\t')) {
+			u++;
+			ulen--;
+		}
+		while (ulen > 0 && (u[ulen - 1] == ' ' || u[ulen - 1] == '\t'))
+			ulen--;
+		ok = (ulen >= 7 && strncmp(u, "amqp://", 7) == 0) ||
+		     (ulen >= 8 && strncmp(u, "amqps://", 8) == 0);
 		if (!ok) {
-			if (count > 1 && len == 0)
+			if (count > 1 && ulen == 0)
 				snprintf(why, n, "URL %zu of %zu is empty", pos, count);
 			else if (count > 1)
 				snprintf(why, n,
@@ -192,8 +201,7 @@ static void allowed_text(const struct config_key *k, char *buf, size_t n)
 		break;
 	case CONFIG_CHECK_AMQP_URLS:
 		snprintf(buf, n,
-		         "a URL starting with amqp:// or amqps://, or several separated by commas "
-		         "(no blanks)");
+		         "a URL starting with amqp:// or amqps://, or several separated by commas");
 		break;
 	case CONFIG_CHECK_LISTEN:
 		snprintf(buf, n,

@@ -814,7 +814,8 @@ Test(config, amqp_url_list_errors_name_the_url_by_position)
 		  "of 2 does not start with amqp:// or amqps://" },
 		{ "amqp.url=amqp://mq1,,amqp://mq3", "URL 2 of 3 is empty" },
 		{ "amqp.url=amqp://mq1,", "URL 2 of 2 is empty" },
-		{ "amqp.url=amqp://mq1, amqp://mq2", "URL 2 of 2 does not start with amqp://" },
+		{ "amqp.url=amqp://mq1, ,amqp://mq2", "URL 2 of 3 is empty" },
+		{ "amqp.url=amqp://mq1, mq2", "URL 2 of 2 does not start with amqp://" },
 		{ "amqp.url=amqp://relay:S3,cret@mq1", "URL 2 of 2 does not start with amqp:// or "
 		                                       "amqps:// (a comma inside a URL is written "
 		                                       "%2C)" },
