@@ -657,15 +657,27 @@ static void load_sets(const struct config_sources *src, struct slot *slots,
 	}
 }
 
-#define SLOT(slots, f) (&(slots)[config_key_by_field(offsetof(struct config, f))])
+/* The slot of the key stored at field f of struct config; NULL when no row stores it (then
+ * the rule naming it cannot apply, and the tests of that rule fail). */
+#define SLOT(slots, f) slot_of(slots, offsetof(struct config, f))
 
-static void check_rules(struct slot *slots, struct config_errors *errs)
+static const struct slot *slot_of(const struct slot *slots, size_t field)
+{
+	size_t i = config_key_by_field(field);
+
+	return i < config_key_count() ? &slots[i] : NULL;
+}
+
+static void check_rules(const struct slot *slots, struct config_errors *errs)
 {
 	const struct slot *lease = SLOT(slots, relay_lease_ms);
 	const struct slot *confirm = SLOT(slots, amqp_confirm_timeout_ms);
 	const struct slot *bmin = SLOT(slots, relay_retry_backoff_min_ms);
 	const struct slot *bmax = SLOT(slots, relay_retry_backoff_max_ms);
 	char v[32];
+
+	if (!lease || !confirm || !bmin || !bmax)
+		return;
 
 	/* A lease shorter than the confirm wait lets another relay claim rows that are still
 	 * in flight here: every slow confirm would become a duplicate. */

@@ -292,7 +292,7 @@ size_t config_key_by_field(size_t field)
 {
 	size_t i = 0;
 
-	while (i + 1 < config_key_count() && keys[i].field != field)
+	while (i < config_key_count() && keys[i].field != field)
 		i++;
 	return i;
 }

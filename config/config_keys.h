@@ -47,8 +47,8 @@ struct config_key {
 
 /* Row i of the table (borrowed, static). i must be < config_key_count(). */
 const struct config_key *config_key_at(size_t i);
-/* Index of the key stored at offset field of struct config (offsetof). The field must be one
- * of the table's: cross-key rules name keys by their field, never by their name. */
+/* Index of the key stored at offset field of struct config (offsetof), or config_key_count()
+ * when no row stores it: cross-key rules name keys by their field, never by their name. */
 size_t config_key_by_field(size_t field);
 /* True when path names a section that holds keys ("relay", "amqp.tls"). */
 bool config_key_is_section(const char *path);
