@@ -220,6 +220,29 @@ static enum kw_class classify(const char *kw, size_t len, bool percent)
 	return KW_UNKNOWN;
 }
 
+/* Whether a dbname value p[0, len) (percent-encoded in a URI) is itself a connection string,
+ * which libpq expands in some calls: "host=h password=x" or "postgresql://u:x@h/db". */
+static bool holds_conninfo(const char *p, size_t len, bool percent)
+{
+	char buf[512];
+	size_t n = 0;
+
+	if (!percent)
+		return has_any(p, 0, len, "=") || contains(p, 0, len, "://");
+	if (len > sizeof(buf))
+		return true; /* too long to look at: mask it */
+	for (size_t i = 0; i < len; i++) {
+		if (p[i] == '%' && i + 2 < len && hex_value(p[i + 1]) >= 0 &&
+		    hex_value(p[i + 2]) >= 0) {
+			buf[n++] = (char)(hex_value(p[i + 1]) * 16 + hex_value(p[i + 2]));
+			i += 2;
+		} else {
+			buf[n++] = p[i];
+		}
+	}
+	return has_any(buf, 0, n, "=") || contains(buf, 0, n, "://");
+}
+
 /* ---- finding the secrets ---- */
 
 static void mark(struct spans *sp, size_t start, size_t end, enum span_kind kind,
@@ -332,7 +355,7 @@ static void scan_conninfo(struct spans *sp, size_t a, size_t b)
 		run_add(sp, &r, cls, v, v_end, SPAN_CONNINFO, BLANKS);
 		/* A dbname may itself be a connection string (expand_dbname): all of it goes. */
 		if (cls == KW_PUBLIC && word_is(s + kw, kw_end - kw, "dbname") &&
-		    (has_any(s, v, v_end, "=") || contains(s, v, v_end, "://")))
+		    holds_conninfo(s + v, v_end - v, false))
 			mark(sp, v, v_end, SPAN_CONNINFO, NULL);
 	}
 	run_close(sp, &r, BLANKS);
@@ -351,11 +374,16 @@ static void scan_query(struct spans *sp, size_t a, size_t b)
 			end++;
 		for (eq = seg; eq < end && s[eq] != '='; eq++)
 			;
-		if (eq < end)
-			run_add(sp, &r, classify(s + seg, eq - seg, true), eq + 1, end, SPAN_URI,
-			        "&=");
-		else /* no '=': libpq echoes the word in its error */
+		if (eq < end) {
+			enum kw_class cls = classify(s + seg, eq - seg, true);
+
+			run_add(sp, &r, cls, eq + 1, end, SPAN_URI, "&=");
+			if (cls == KW_PUBLIC && word_is(s + seg, eq - seg, "dbname") &&
+			    holds_conninfo(s + eq + 1, end - eq - 1, true))
+				mark(sp, eq + 1, end, SPAN_URI, NULL);
+		} else { /* no '=': libpq echoes the word in its error */
 			run_add(sp, &r, KW_UNKNOWN, seg, end, SPAN_URI, "&=");
+		}
 		p = end + 1;
 	}
 	run_close(sp, &r, "&=");

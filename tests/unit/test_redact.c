@@ -232,6 +232,9 @@ Test(redact, doubtful_parts_are_masked)
 	/* A dbname holding a connection string. */
 	redact_conninfo("dbname='postgresql://u:hunter2@h/db' host=h", out, sizeof(out));
 	cr_assert_str_eq(out, "dbname=*** host=h");
+	redact_conninfo("postgresql://h/?dbname=host%3Dx%20password%3Dhunter2&sslmode=require", out,
+	                sizeof(out));
+	cr_assert_str_eq(out, "postgresql://h/?dbname=***&sslmode=require");
 	/* A "user" running into the path: no telling where the password is. */
 	redact_conninfo("postgresql://h/db?password=hunter2@x", out, sizeof(out));
 	cr_assert_null(strstr(out, "hunter2"), "%s", out);
