@@ -867,3 +867,33 @@ Test(broker_connect, bad_url_is_a_config_error)
 	cr_assert_str_eq(broker_errmsg(x), "invalid amqp.url: could not parse AMQP URL");
 	broker_free(x);
 }
+
+Test(broker_connect, missing_vhost_is_a_config_error_naming_the_node)
+{
+	char url[512], want[256];
+	char *copy = strdup(amqp_url_env());
+	struct amqp_connection_info ci;
+	struct broker_options o = {
+		.confirm_timeout_ms = 5000,
+		.tls_ca_file = "",
+		.tls_cert_file = "",
+		.tls_key_file = "",
+		.wake_fd = -1,
+	};
+	struct broker *x;
+
+	cr_assert_not_null(copy);
+	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
+	snprintf(url, sizeof(url), "amqp://%s:%s@%s:%d/no-such-vhost", ci.user, ci.password,
+	         ci.host, ci.port);
+	o.url = url;
+	x = broker_new(&o);
+	cr_assert_not_null(x);
+	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG, "got: %s", broker_errmsg(x));
+	snprintf(want, sizeof(want),
+	         "could not open vhost 'no-such-vhost' as user '%s' at %s:%d (NOT_ALLOWED", ci.user,
+	         ci.host, ci.port);
+	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s", broker_errmsg(x));
+	broker_free(x);
+	free(copy);
+}
