@@ -414,7 +414,7 @@ static enum MHD_Result healthz(struct MHD_Connection *conn, const struct http_se
 /* Readiness: every worker holds both connections, so rows are actually moving. */
 static enum MHD_Result readyz(struct MHD_Connection *conn)
 {
-	char body[160];
+	char body[512];
 	int workers = load_workers();
 	int db = atomic_load_explicit(&g_metrics.db_up, memory_order_relaxed);
 	int broker = atomic_load_explicit(&g_metrics.broker_up, memory_order_relaxed);
@@ -422,8 +422,21 @@ static enum MHD_Result readyz(struct MHD_Connection *conn)
 	if (workers <= 0)
 		return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no relay loop running\n",
 		               "text/plain");
-	if (db == workers && broker == workers)
-		return respond(conn, MHD_HTTP_OK, "ready\n", "text/plain");
+	if (db == workers && broker == workers) {
+		/* Which broker node(s) the loops use: after a cluster failover the operator sees
+		 * where the relay went. */
+		size_t len = (size_t)snprintf(body, sizeof(body), "ready\n");
+
+		for (int i = 0; i < workers && i < METRICS_MAX_WORKERS && len < sizeof(body); i++) {
+			char node[128];
+
+			metrics_broker_node(i, node, sizeof(node));
+			if (node[0] && !strstr(body, node))
+				len += (size_t)snprintf(body + len, sizeof(body) - len,
+				                        "broker %s\n", node);
+		}
+		return respond(conn, MHD_HTTP_OK, body, "text/plain");
+	}
 	snprintf(body, sizeof(body), "%s%s%s\n", db != workers ? "database not connected" : "",
 	         db != workers && broker != workers ? "; " : "",
 	         broker != workers ? "broker not connected" : "");

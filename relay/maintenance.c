@@ -130,6 +130,10 @@ struct maintenance *maintenance_start(struct relay *r)
 	m->opts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
 	m->opts.batch_size = (int)cfg->relay_batch_size;
 	m->opts.admin = true;
+	/* Its waits end at the shutdown deadline like the relay loops' (a stalled database must
+	 * not hold the exit). */
+	m->opts.deadline_ms = &r->db_deadline_ms;
+	m->opts.wake_fd = r->wake_fd;
 	m->store = store_new(&m->opts);
 	if (!m->store || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
 		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread");

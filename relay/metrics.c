@@ -2,6 +2,7 @@
  * relay threads, the reader is the HTTP thread; all access is relaxed atomics. */
 #include "relay/metrics.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -146,6 +147,56 @@ static void label_value(const char *v, char *buf, size_t n)
 	buf[j] = '\0';
 }
 
+/* The nodes workers are connected to, a snapshot the workers publish under a lock (strings
+ * cannot be atomics). */
+static pthread_mutex_t g_nodes_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_nodes[METRICS_MAX_WORKERS][256];
+
+void metrics_set_broker_node(int index, const char *node)
+{
+	if (index < 0 || index >= METRICS_MAX_WORKERS)
+		return;
+	pthread_mutex_lock(&g_nodes_lock);
+	snprintf(g_nodes[index], sizeof(g_nodes[index]), "%s", node ? node : "");
+	pthread_mutex_unlock(&g_nodes_lock);
+}
+
+void metrics_broker_node(int index, char *buf, size_t n)
+{
+	if (n == 0)
+		return;
+	buf[0] = '\0';
+	if (index < 0 || index >= METRICS_MAX_WORKERS)
+		return;
+	pthread_mutex_lock(&g_nodes_lock);
+	snprintf(buf, n, "%s", g_nodes[index]);
+	pthread_mutex_unlock(&g_nodes_lock);
+}
+
+/* One series per distinct node in use (several workers may share one). */
+static void render_nodes(struct outbuf *o, int workers)
+{
+	char seen[METRICS_MAX_WORKERS][256], label[300];
+	int nseen = 0;
+
+	header(o, "outbox_relay_broker_node_info", "gauge",
+	       "The broker node(s) the relay is connected to; always 1.");
+	for (int i = 0; i < workers && i < METRICS_MAX_WORKERS; i++) {
+		bool dup = false;
+
+		metrics_broker_node(i, seen[nseen], sizeof(seen[nseen]));
+		if (!seen[nseen][0])
+			continue;
+		for (int k = 0; k < nseen && !dup; k++)
+			dup = strcmp(seen[k], seen[nseen]) == 0;
+		if (dup)
+			continue;
+		label_value(seen[nseen], label, sizeof(label));
+		out_printf(o, "outbox_relay_broker_node_info{node=\"%s\"} 1\n", label);
+		nseen++;
+	}
+}
+
 char *metrics_render(const char *version)
 {
 	static const char *const reasons[METRICS_FAIL_REASONS] = {
@@ -168,7 +219,8 @@ char *metrics_render(const char *version)
 	counter(&o, "outbox_relay_published_total", "Messages confirmed by the broker.",
 	        &m->published);
 	header(&o, "outbox_relay_failed_total", "counter",
-	       "Publish attempts that failed and were charged to the row, by reason.");
+	       "Failed publishes by reason; nacked ones are the broker's own failures and do "
+	       "not count toward relay.max_attempts.");
 	for (size_t i = 0; i < METRICS_FAIL_REASONS; i++)
 		out_printf(&o, "outbox_relay_failed_total{reason=\"%s\"} %llu\n", reasons[i],
 		           load_u(&m->failed[i]));
@@ -216,6 +268,10 @@ char *metrics_render(const char *version)
 	gauge(&o, "outbox_relay_broker_up", "1 when every worker is connected to the broker.",
 	      workers > 0 && broker == workers);
 	gauge(&o, "outbox_relay_workers", "Relay worker threads.", workers);
+	counter(&o, "outbox_relay_broker_failovers_total",
+	        "Broker connections made to another node of the cluster than the last one.",
+	        &m->broker_failovers);
+	render_nodes(&o, workers);
 
 	label_value(version ? version : "unknown", ver, sizeof(ver));
 	header(&o, "outbox_relay_build_info", "gauge", "Build information; always 1.");

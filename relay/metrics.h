@@ -5,6 +5,7 @@
 #define OUTBOX_RELAY_METRICS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,9 @@ enum metrics_fail_reason {
 };
 
 #define METRICS_BUCKETS 14
+/* Per-worker arrays (ticks, broker nodes) have room for this many relay loops; relay.workers
+ * may not ask for more (checked where the two meet, in relay/run.c). */
+#define METRICS_MAX_WORKERS 64
 
 struct metrics_histogram {
 	atomic_ullong buckets[METRICS_BUCKETS]; /* cumulative counts are computed at render */
@@ -31,6 +35,7 @@ struct metrics {
 	atomic_ullong claimed;
 	atomic_ullong released;
 	atomic_ullong skipped_dead;               /* keyed rows set aside under skip-dead */
+	atomic_ullong broker_failovers;           /* connections made to another node */
 	struct metrics_histogram batch_duration;  /* claim -> marked */
 	struct metrics_histogram confirm_latency; /* publish -> confirm */
 	/* gauges refreshed by the maintenance loop */
@@ -46,10 +51,16 @@ struct metrics {
 	atomic_int broker_up;
 	atomic_int workers;
 	/* liveness: CLOCK_MONOTONIC ms of each loop's last tick (the oldest counts) */
-	atomic_llong tick_ms[64];
+	atomic_llong tick_ms[METRICS_MAX_WORKERS];
 };
 
 extern struct metrics g_metrics;
+
+/* The broker node worker index is connected to ("host:port"), or NULL/"" when it is not:
+ * published for the HTTP thread (outbox_relay_broker_node_info, /readyz). Thread-safe. */
+void metrics_set_broker_node(int index, const char *node);
+/* Copies the node of worker index into buf ("" when none). Thread-safe. */
+void metrics_broker_node(int index, char *buf, size_t n);
 
 /* Records one observation in microseconds. */
 void metrics_observe(struct metrics_histogram *h, uint64_t us);

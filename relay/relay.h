@@ -9,12 +9,21 @@
 
 #include "config/config.h"
 
+/* Shutdown is bounded (relay.shutdown_timeout + 1 s at most from the signal to the exit):
+ * waits for the broker end at abort_at_ms (confirms not in by then are released, no attempt
+ * counted), the database statements that follow (marks, releases) end at db_deadline_ms, a
+ * little later; a call stuck where no deadline reaches is interrupted by the main thread. */
+#define RELAY_SHUTDOWN_DB_GRACE_MS 600
+
 struct relay {
 	const struct config *cfg; /* borrowed, immutable */
 	atomic_int stopping;      /* set once by the signal handler */
-	/* CLOCK_MONOTONIC ms after which waits for confirms give up (0 = none); set when
-	 * stopping so that shutdown is bounded by relay.shutdown_timeout. */
+	/* CLOCK_MONOTONIC ms (0 = none): set by the signal handler before it writes the
+	 * self-pipe, so a wait that wakes on the pipe finds its deadline. */
 	atomic_llong abort_at_ms;
+	atomic_llong db_deadline_ms;
+	/* A loop found something no retry can fix and stopped the relay: exit status 1. */
+	atomic_int failed;
 	/* Read end of the self-pipe. It is written once on shutdown and never drained, so it
 	 * stays readable and every poll() that includes it returns at once. */
 	int wake_fd;
@@ -26,6 +35,12 @@ struct worker;
 
 /* Creates worker number index (0-based) for r (borrowed). NULL on out of memory. */
 struct worker *worker_new(struct relay *r, int index);
+/* True once worker_main() has returned (or is about to). Thread-safe. */
+bool worker_done(const struct worker *w);
+/* Thread-safe: makes whatever call w's thread is blocked in on the broker (store) fail at
+ * once. For the shutdown deadline only. */
+void worker_interrupt_broker(struct worker *w);
+void worker_interrupt_store(struct worker *w);
 void worker_free(struct worker *w); /* accepts NULL; the thread must have been joined */
 /* pthread entry point; arg is a struct worker *. Returns NULL. */
 void *worker_main(void *arg);

@@ -23,19 +23,29 @@
 static struct relay g_relay;
 static int wake_pipe[2] = { -1, -1 };
 
-/* Async-signal-safe: an atomic flag and one write. A second signal cuts the wait for
- * outstanding confirms short. */
+/* Async-signal-safe: atomics, clock_gettime and one write. The first signal starts an orderly
+ * shutdown bounded by relay.shutdown_timeout; a second one cuts the wait for outstanding
+ * confirms short. The deadlines are stored before the self-pipe is written, so a wait that
+ * wakes on the pipe finds them. */
 static void on_signal(int sig)
 {
 	int saved = errno;
 	struct timespec ts;
+	long long now;
 
 	(void)sig;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	if (atomic_exchange(&g_relay.stopping, 1)) {
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		atomic_store(&g_relay.abort_at_ms,
-		             (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
-	} else if (wake_pipe[1] >= 0) {
+		atomic_store(&g_relay.abort_at_ms, now);
+		atomic_store(&g_relay.db_deadline_ms, now + RELAY_SHUTDOWN_DB_GRACE_MS);
+	} else {
+		long long at = now + (g_relay.cfg ? g_relay.cfg->relay_shutdown_timeout_ms : 0);
+
+		atomic_store(&g_relay.abort_at_ms, at);
+		atomic_store(&g_relay.db_deadline_ms, at + RELAY_SHUTDOWN_DB_GRACE_MS);
+	}
+	if (wake_pipe[1] >= 0) {
 		ssize_t n = write(wake_pipe[1], "x", 1);
 		(void)n;
 	}
@@ -118,6 +128,8 @@ static void release_leases(const struct config *cfg)
 		.max_attempts = (int)cfg->relay_max_attempts,
 		.batch_size = (int)cfg->relay_batch_size,
 		.admin = true,
+		.deadline_ms = &g_relay.db_deadline_ms,
+		.wake_fd = -1,
 	};
 	struct store *s = store_new(&o);
 
@@ -127,6 +139,56 @@ static void release_leases(const struct config *cfg)
 		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
 		          LOG_STR("error", store_errmsg(s)));
 	store_free(s);
+}
+
+/* Stops like a signal would (a start-up failure, or the main loop's own decision). */
+static void begin_stop(const struct config *cfg)
+{
+	long long at = clock_mono_ms() + cfg->relay_shutdown_timeout_ms, expected = 0;
+
+	/* Keep earlier deadlines set by a signal. */
+	if (atomic_compare_exchange_strong(&g_relay.abort_at_ms, &expected, at)) {
+		expected = 0;
+		atomic_compare_exchange_strong(&g_relay.db_deadline_ms, &expected,
+		                               at + RELAY_SHUTDOWN_DB_GRACE_MS);
+	}
+	atomic_store(&g_relay.stopping, 1);
+	if (wake_pipe[1] >= 0) {
+		ssize_t n = write(wake_pipe[1], "x", 1);
+		(void)n;
+	}
+}
+
+/* Waits for the relay loops to finish their orderly shutdown. Their waits end by the
+ * deadlines on their own; a call stuck where no deadline reaches (a write to a broker that
+ * stopped reading) is interrupted shortly after its deadline, so that the process exits
+ * within relay.shutdown_timeout + 1 s of the signal whatever the far ends do. */
+static void await_workers(struct worker **workers, int n)
+{
+	bool broker_cut = false, store_cut = false;
+
+	for (;;) {
+		long long now = clock_mono_ms();
+		bool all = true;
+
+		for (int i = 0; i < n; i++)
+			all = all && worker_done(workers[i]);
+		if (all)
+			return;
+		if (!broker_cut && now >= atomic_load(&g_relay.abort_at_ms) + 200) {
+			for (int i = 0; i < n; i++)
+				if (!worker_done(workers[i]))
+					worker_interrupt_broker(workers[i]);
+			broker_cut = true;
+		}
+		if (!store_cut && now >= atomic_load(&g_relay.db_deadline_ms) + 100) {
+			for (int i = 0; i < n; i++)
+				if (!worker_done(workers[i]))
+					worker_interrupt_store(workers[i]);
+			store_cut = true;
+		}
+		(void)poll(NULL, 0, 20);
+	}
 }
 
 int command_run(const struct config *cfg, int argc, char **argv)
@@ -158,6 +220,8 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	g_relay.wake_fd = wake_pipe[0];
 	atomic_store(&g_relay.stopping, 0);
 	atomic_store(&g_relay.abort_at_ms, 0);
+	atomic_store(&g_relay.db_deadline_ms, 0);
+	atomic_store(&g_relay.failed, 0);
 	if (install_signals() < 0)
 		goto out;
 
@@ -221,21 +285,14 @@ out:
 		if (rc == 0)
 			log_event(LOG_INFO, "relay", "stopping: waiting for outstanding confirms",
 			          LOG_MS("timeout", cfg->relay_shutdown_timeout_ms));
-		atomic_store(&g_relay.stopping, 1);
-		if (wake_pipe[1] >= 0) {
-			ssize_t n = write(wake_pipe[1], "x", 1);
-			(void)n;
-		}
-		{
-			long long deadline = clock_mono_ms() + cfg->relay_shutdown_timeout_ms;
-			long long expected = 0;
-
-			/* Keep an earlier deadline set by a second signal. */
-			atomic_compare_exchange_strong(&g_relay.abort_at_ms, &expected, deadline);
-		}
+		begin_stop(cfg);
 	}
+	if (started > 0)
+		await_workers(workers, started);
 	for (int i = 0; i < started; i++)
 		pthread_join(threads[i], NULL);
+	if (rc == 0 && atomic_load(&g_relay.failed))
+		rc = 1;
 	maintenance_stop(maint);
 	if (started > 0) {
 		release_leases(cfg);

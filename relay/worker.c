@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,8 @@ struct worker {
 
 	bool armed; /* the wake-up flag is armed by us and not yet disarmed */
 	uint64_t seed;
+	atomic_int done; /* worker_main() has finished (read by the main thread) */
+	char node[300];  /* the broker node of the last connection, for "failover" */
 };
 
 static void set_tick(struct worker *w)
@@ -155,11 +158,21 @@ static bool ensure_db(struct worker *w)
 		return false;
 	rc = store_connect(w->store);
 	if (rc == STORE_OK) {
-		endpoint_up(w, &w->db, &g_metrics.db_up, "database", NULL);
+		endpoint_up(w, &w->db, &g_metrics.db_up, "database", store_server(w->store));
 		/* A stale armed flag from before the outage is cleared by the next claim. */
 		w->armed = true;
 		return true;
 	}
+	if (rc == STORE_ERR_UNSUPPORTED) {
+		/* No retry can fix this connection: say so once and stop the relay (exit 1). */
+		log_event(LOG_ERROR, w->component, "cannot relay through this database connection",
+		          LOG_STR("error", store_errmsg(w->store)));
+		atomic_store(&w->relay->failed, 1);
+		(void)raise(SIGTERM);
+		return false;
+	}
+	if (rc == STORE_ERR_ABORTED)
+		return false; /* stopping */
 	endpoint_down(w, &w->db, &g_metrics.db_up, "database", store_errmsg(w->store));
 	return false;
 }
@@ -174,9 +187,19 @@ static bool ensure_broker(struct worker *w)
 		return false;
 	rc = broker_connect(w->broker);
 	if (rc == BROKER_OK) {
-		endpoint_up(w, &w->mq, &g_metrics.broker_up, "broker", NULL);
+		const char *node = broker_node(w->broker);
+
+		endpoint_up(w, &w->mq, &g_metrics.broker_up, "broker", node);
+		/* Another node than last time: the cluster failed over (or we spread out). */
+		if (w->node[0] && strcmp(w->node, node) != 0)
+			atomic_fetch_add_explicit(&g_metrics.broker_failovers, 1,
+			                          memory_order_relaxed);
+		snprintf(w->node, sizeof(w->node), "%s", node);
+		metrics_set_broker_node(w->index, node);
 		return true;
 	}
+	if (rc == BROKER_ERR_ABORTED)
+		return false; /* stopping */
 	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
 	return false;
 }
@@ -222,6 +245,15 @@ static void broker_failed(struct worker *w, int rc, bool in_batch)
 	const char *why = rc == BROKER_ERR_TIMEOUT ? "timeout" : "connection";
 
 	broker_disconnect(w->broker);
+	if (rc == BROKER_ERR_ABORTED) {
+		/* The shutdown deadline ended the wait: say so, not "no confirm within". */
+		log_event(LOG_WARN, w->component,
+		          in_batch ? "stopping: gave up waiting for the broker, unconfirmed rows "
+		                     "released"
+		                   : "stopping: gave up on the broker",
+		          LOG_STR("error", broker_errmsg(w->broker)));
+		return;
+	}
 	if (w->mq.up && in_batch)
 		log_event(LOG_WARN, w->component,
 		          "broker did not confirm the batch, unconfirmed rows released",
@@ -864,6 +896,7 @@ void *worker_main(void *arg)
 	w->db.up = w->mq.up = false;
 	broker_disconnect(w->broker);
 	store_disconnect(w->store);
+	atomic_store(&w->done, 1);
 	return NULL;
 }
 
@@ -890,6 +923,11 @@ struct worker *worker_new(struct relay *r, int index)
 	w->sopts.max_attempts = (int)cfg->relay_max_attempts;
 	w->sopts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
 	w->sopts.batch_size = (int)cfg->relay_batch_size;
+	w->sopts.batch_max_bytes = cfg->relay_batch_max_bytes;
+	w->sopts.deadline_ms = &r->db_deadline_ms;
+	w->sopts.wake_fd = r->wake_fd;
+	/* A long wait that is still working keeps /healthz at 200. */
+	w->sopts.progress_ms = &g_metrics.tick_ms[index];
 
 	w->bopts.url = cfg->amqp_url;
 	w->bopts.heartbeat_ms = cfg->amqp_heartbeat_ms;
@@ -900,6 +938,8 @@ struct worker *worker_new(struct relay *r, int index)
 	w->bopts.tls_verify_peer = cfg->amqp_tls_verify_peer;
 	w->bopts.connection_name = w->app_name;
 	w->bopts.abort_at_ms = &r->abort_at_ms;
+	w->bopts.wake_fd = r->wake_fd;
+	w->bopts.progress_ms = &g_metrics.tick_ms[index];
 
 	store_batch_init(&w->batches[0]);
 	store_batch_init(&w->batches[1]);
@@ -910,6 +950,21 @@ struct worker *worker_new(struct relay *r, int index)
 		return NULL;
 	}
 	return w;
+}
+
+bool worker_done(const struct worker *w)
+{
+	return atomic_load(&w->done) != 0;
+}
+
+void worker_interrupt_broker(struct worker *w)
+{
+	broker_interrupt(w->broker);
+}
+
+void worker_interrupt_store(struct worker *w)
+{
+	store_interrupt(w->store);
 }
 
 void worker_free(struct worker *w)

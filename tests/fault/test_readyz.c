@@ -76,7 +76,9 @@ Test(fault, readyz_follows_the_broker, .timeout = 600, .fini = restore_broker)
 
 	wait_readyz(relay, listen, 200, "at start");
 	r = probe_get(listen, "/readyz");
-	cr_assert_str_eq(r.body, "ready\n");
+	cr_assert_eq(strncmp(r.body, "ready\n", 6), 0, "got: %s", r.body);
+	cr_assert_not_null(strstr(r.body, "\nbroker 127.0.0.1:"), "names the broker node: %s",
+	                   r.body);
 	free(r.body);
 	expect_status(listen, "/healthz", 200, "at start");
 
