@@ -13,6 +13,7 @@
 
 #include "store/outbox.h"
 #include "store/outbox_store.h"
+#include "tests/support/harness.h"
 #include "store/store_private.h"
 
 static char g_table[64];
@@ -446,6 +447,78 @@ Test(store, expired_lease_makes_rows_claimable)
 	             2);
 	store_free(r1);
 	store_free(r2);
+	store_free(a);
+}
+
+/* A batch claimed while the previous one waited for its confirms may have little lease left:
+ * renewing extends it, and drops the rows another relay took after the lease ran out (they
+ * must not be published twice at once, nor charged by the wrong claim). */
+Test(store, renew_extends_the_lease_and_drops_rows_taken_meanwhile)
+{
+	struct store *a = migrated("renew");
+	add("n1", NULL, 0);
+	add("n2", NULL, 0);
+	struct store_options o1 = opts_for("relay-1", false);
+	o1.lease_ms = 2000;
+	struct store *r1 = open_store(o1);
+	struct store *r2 = open_store(opts_for("relay-2", false));
+	struct store_batch b;
+	store_batch_init(&b);
+	settle(r1);
+	cr_assert_eq(store_claim(r1, false, &b), 0, "%s", store_errmsg(r1));
+	cr_assert_eq(b.n, 2);
+	int64_t left = b.lease_deadline_ms - harness_now_ms();
+	cr_assert(left > 0 && left <= 2000, "lease left by the database clock: %lld ms",
+	          (long long)left);
+
+	/* Renewed in time: both rows stay ours, for a full lease from now. */
+	cr_assert_eq(store_renew(r1, &b), 0, "%s", store_errmsg(r1));
+	cr_assert_eq(b.n, 2);
+	cr_assert_gt(b.lease_deadline_ms, harness_now_ms() + 1000);
+
+	/* Too late: relay-2 took n1 after the lease ran out; n2 happens to be free again. */
+	usleep(2500 * 1000);
+	sql(g_admin, "UPDATE %s SET locked_by = 'relay-2#zz.1' WHERE id = 'n1'", g_table);
+	cr_assert_eq(store_renew(r1, &b), 0, "%s", store_errmsg(r1));
+	cr_assert_eq(b.n, 1, "the row another relay holds is dropped from the batch");
+	cr_assert_str_eq(b.rows[0].id, "n2");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'n2' AND locked_by = '%s'",
+	                     g_table, b.token),
+	             1);
+	store_batch_free(&b);
+	store_free(r1);
+	store_free(r2);
+	store_free(a);
+}
+
+/* Two handles with the same relay id (two workers of one process, or two relays given one
+ * relay.id by mistake) never make the same token, so neither can write the other's rows. */
+Test(store, tokens_differ_between_handles_of_one_relay_id)
+{
+	struct store *a = migrated("tokens");
+	add("t1", NULL, 0);
+	add("t2", NULL, 0);
+	struct store_options o = opts_for("relay-1", false);
+	o.batch_size = 1;
+	struct store *w1 = open_store(o), *w2 = open_store(o);
+	cr_assert_str_eq(claim_str(w1, false), "t1");
+	char t1[STORE_TOKEN_MAX];
+	snprintf(t1, sizeof(t1), "%s", g_token);
+	cr_assert_str_eq(claim_str(w2, false), "t2");
+	cr_assert_str_neq(t1, g_token);
+	cr_assert_eq(strncmp(t1, "relay-1#", 8), 0, "locked_by starts with the relay id: %s", t1);
+	const char *ids[] = { "t1", "t2" };
+	cr_assert_eq(store_release(w2, g_token, ids, 2), 0);
+	cr_assert_eq(
+	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL", g_table), 1,
+	        "w2 released its own row only");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 't1' AND locked_by = '%s'",
+	                     g_table, t1),
+	             1);
+	store_free(w1);
+	store_free(w2);
 	store_free(a);
 }
 
