@@ -27,8 +27,9 @@
  * relay that cannot mark stops claiming, so this only ever holds one batch's worth. */
 #define OWED_MAX 20000
 /* A batch is published only while its lease (by the database clock) outlasts the confirm
- * timeout by this much: room for the mark that follows. */
-#define LEASE_MARGIN_MS 2000
+ * timeout by a margin, room for the mark that follows: half of what the lease gives beyond
+ * the confirm timeout, at most this (a fresh claim always qualifies). */
+#define LEASE_MARGIN_MAX_MS 2000
 
 /* A confirmed row not yet marked, with its claim's token: the mark is fenced like every
  * write, so it only lands while the row is still ours. */
@@ -583,7 +584,10 @@ static void set_claim_floor(struct worker *w, const struct store_batch *x)
  * may be published. */
 static bool lease_covers(struct worker *w, struct store_batch *x)
 {
-	int64_t need = w->cfg->amqp_confirm_timeout_ms + LEASE_MARGIN_MS;
+	int64_t spare = (w->cfg->relay_lease_ms - w->cfg->amqp_confirm_timeout_ms) / 2;
+	int64_t need =
+	        w->cfg->amqp_confirm_timeout_ms +
+	        (spare < LEASE_MARGIN_MAX_MS ? (spare > 0 ? spare : 0) : LEASE_MARGIN_MAX_MS);
 	int rc;
 
 	if (x->lease_deadline_ms - clock_mono_ms() >= need)
