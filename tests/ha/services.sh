@@ -264,8 +264,16 @@ EOF
 	"$dir/bin/ha-rmq-wait-cluster" 1 2 3
 }
 
+# Runs "$@" and writes its elapsed time in ms to DIR/<$1>.ms when it succeeded.
+timed() {
+	local t0
+	t0=$(now_ms)
+	"$@"
+	echo $(($(now_ms) - t0)) >"$dir/$1.ms"
+}
+
 do_start() {
-	local t0 t1 t2
+	local pg_job rmq_job pg_rc=0 rmq_rc=0 t0
 	[ "$(id -u)" -eq 0 ] || die "must run as root (PostgreSQL is run as the postgres user)"
 	mkdir -p "$dir"
 	dir=$(cd "$dir" && pwd)
@@ -276,13 +284,21 @@ do_start() {
 	write_env
 	install_ctl
 	t0=$(now_ms)
-	start_pg
-	t1=$(now_ms)
-	start_rmq
-	t2=$(now_ms)
+	# The pair and the cluster start side by side: the first RabbitMQ node's boot is mostly
+	# waiting. Both are waited for, even when one fails, so that no start goes on behind a
+	# stop that follows.
+	(timed start_pg) &
+	pg_job=$!
+	(timed start_rmq) &
+	rmq_job=$!
+	wait "$pg_job" || pg_rc=$?
+	wait "$rmq_job" || rmq_rc=$?
+	[ "$pg_rc" -eq 0 ] || die "the PostgreSQL pair did not start"
+	[ "$rmq_rc" -eq 0 ] || die "the RabbitMQ cluster did not start"
 	echo "ha/services.sh: PostgreSQL primary 127.0.0.1:$pg1 + synchronous standby" \
-		"127.0.0.1:$pg2 in $((t1 - t0)) ms; RabbitMQ cluster on 127.0.0.1:$amqp1,$amqp2,$amqp3" \
-		"in $((t2 - t1)) ms; env in $dir/env"
+		"127.0.0.1:$pg2 in $(cat "$dir/start_pg.ms") ms; RabbitMQ cluster on" \
+		"127.0.0.1:$amqp1,$amqp2,$amqp3 in $(cat "$dir/start_rmq.ms") ms; both in" \
+		"$(($(now_ms) - t0)) ms; env in $dir/env"
 }
 
 # ---- stop ----
