@@ -1,5 +1,7 @@
-/* The outbox DDL (DESIGN §1 plus the claim indexes and the wake-up objects) and `migrate`,
- * which applies it in one transaction and upgrades an older (AceMQ) table in place. */
+/* The outbox DDL (DESIGN §1 plus the claim and purge indexes and the wake-up objects): the
+ * idempotent script `outbox-relay schema` prints for people who apply it by hand, and `migrate`,
+ * which reads the catalog first and changes only what is missing or different. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,27 +81,162 @@ static void sbuf_add(struct sbuf *b, const char *fmt, ...)
 	}
 }
 
-/* The names this schema derives from the table name; NULL when the name is refused. */
+/* ---- what the table should look like ---- */
+
+/* The columns of DESIGN §1, in order. family is the type as migrate compares it (any string
+ * type counts as "text": a wider VARCHAR chosen by an operator is not refused); add is what an
+ * older table gets (NULL: every outbox table has the column, an AceMQ one included); def is
+ * the default producers rely on (they insert without the column). */
+struct column {
+	const char *name;
+	const char *decl; /* in CREATE TABLE */
+	const char *family;
+	const char *add;
+	const char *def;
+};
+
+#define TSTZ "timestamp with time zone"
+
+static const struct column columns[] = {
+	{ "seq", "BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,   -- insertion order", "bigint",
+	  "BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE", NULL },
+	{ "id", "VARCHAR(64)  NOT NULL PRIMARY KEY,", "text", NULL, NULL },
+	{ "exchange_name", "VARCHAR(255) NOT NULL,", "text", NULL, NULL },
+	{ "routing_key", "VARCHAR(255) NOT NULL,", "text", NULL, NULL },
+	{ "body", "TEXT         NOT NULL,", "text", NULL, NULL },
+	{ "body_encoding", "VARCHAR(16)  NOT NULL DEFAULT 'utf-8',", "text",
+	  "VARCHAR(16) NOT NULL DEFAULT 'utf-8'", "'utf-8'" },
+	{ "content_type", "VARCHAR(255) NOT NULL DEFAULT 'application/json',", "text",
+	  "VARCHAR(255) NOT NULL DEFAULT 'application/json'", "'application/json'" },
+	{ "headers", "TEXT         NOT NULL DEFAULT '{}',", "text", "TEXT NOT NULL DEFAULT '{}'",
+	  "'{}'" },
+	{ "properties", "TEXT         NOT NULL DEFAULT '{}',", "text", "TEXT NOT NULL DEFAULT '{}'",
+	  "'{}'" },
+	{ "ordering_key", "VARCHAR(255),", "text", "VARCHAR(255)", NULL },
+	{ "txid", "XID8         NOT NULL DEFAULT pg_current_xact_id(),", "xid8",
+	  "XID8 NOT NULL DEFAULT pg_current_xact_id()", "pg_current_xact_id()" },
+	{ "created_at", "TIMESTAMPTZ  NOT NULL DEFAULT now(),", TSTZ,
+	  "TIMESTAMPTZ NOT NULL DEFAULT now()", "now()" },
+	{ "available_at", "TIMESTAMPTZ  NOT NULL DEFAULT now(),", TSTZ,
+	  "TIMESTAMPTZ NOT NULL DEFAULT now()", "now()" },
+	{ "published_at", "TIMESTAMPTZ,", TSTZ, "TIMESTAMPTZ", NULL },
+	{ "attempts", "INTEGER      NOT NULL DEFAULT 0,", "integer", "INTEGER NOT NULL DEFAULT 0",
+	  "0" },
+	{ "last_error", "VARCHAR(1000),", "text", "VARCHAR(1000)", NULL },
+	{ "locked_by", "VARCHAR(64),", "text", "VARCHAR(64)", NULL },
+	{ "locked_until", "TIMESTAMPTZ", TSTZ, "TIMESTAMPTZ", NULL },
+};
+#define N_COLUMNS (sizeof(columns) / sizeof(columns[0]))
+
+/* Room on each page so that lease updates (unindexed columns) stay HOT. */
+#define FILLFACTOR "80"
+
+/* The relay's indexes: def follows "ON <table> "; catalog is what pg_get_indexdef() shows
+ * after " USING ", which migrate compares to decide whether the index is current.
+ *  - pending: the claim walks unpublished rows in seq order and stops after `batch`; status,
+ *    dead, requeue --all-dead and release walk it too, so they cost O(unpublished).
+ *  - key: "is there an older unpublished row of this key" in one probe, and the blocked-key
+ *    queries, which read one entry per key head.
+ *  - published: the purge walks published rows oldest first and stops at the retention
+ *    cut-off, instead of walking the seq index through every row kept for the retention
+ *    (days of rows, on every purge). Its cost: each mark inserts one more index entry (a mark
+ *    is never a HOT update anyway: published_at is in the pending index's predicate), at the
+ *    right edge, since published_at grows. Without retention (rows deleted at once) it stays
+ *    empty. */
+struct index {
+	const char *suffix;
+	const char *def;
+	const char *catalog;
+};
+
+static const struct index indexes[] = {
+	{ "_pending_idx", "(seq)\n  WHERE published_at IS NULL",
+	  "btree (seq) WHERE (published_at IS NULL)" },
+	{ "_key_idx",
+	  "(ordering_key, seq)\n  WHERE published_at IS NULL AND ordering_key IS NOT NULL",
+	  "btree (ordering_key, seq) WHERE ((published_at IS NULL) AND (ordering_key IS NOT "
+	  "NULL))" },
+	{ "_published_idx", "(published_at)\n  WHERE published_at IS NOT NULL",
+	  "btree (published_at) WHERE (published_at IS NOT NULL)" },
+};
+#define N_INDEXES (sizeof(indexes) / sizeof(indexes[0]))
+
+/* The trigger function pins its search_path and names every object with its schema: it runs
+ * inside producers' transactions, under whatever search_path they have, and an unqualified
+ * name would fail their COMMIT (a path without the schema) or resolve to an object of their
+ * choosing (a path with another schema first). */
+#define FUNCTION_CONFIG "search_path=pg_catalog, pg_temp"
+
+/* The body of the wake-up function (what pg_proc.prosrc holds), naming the flag table as
+ * <schema>.<base>_wakeup; schema is a quoted identifier or a format() placeholder. */
+static void add_notify_body(struct sbuf *b, const char *schema, const char *base,
+                            const char *channel)
+{
+	if (!channel[0]) {
+		sbuf_add(b, "\nBEGIN\n"
+		            "  RETURN NULL; -- no channel configured: relays poll\n"
+		            "END\n");
+		return;
+	}
+	/* Wake-up: pg_notify serialises committing transactions cluster-wide, so producers
+	 * only notify while a relay has armed the flag (it does so just before it sleeps). */
+	sbuf_add(b,
+	         "\nBEGIN\n"
+	         "  IF EXISTS (SELECT 1 FROM %s.%s_wakeup\n"
+	         "             WHERE armed_until > clock_timestamp()) THEN\n"
+	         "    PERFORM pg_notify('%s', '');\n"
+	         "  END IF;\n"
+	         "  RETURN NULL;\n"
+	         "END\n",
+	         schema, base, channel);
+}
+
+/* The names this schema derives from the table name; false when the name is refused. */
 struct names {
 	char t[STORE_NAME_MAX];      /* the table, as given */
 	char prefix[STORE_NAME_MAX]; /* "schema." or "" */
+	char schema[STORE_NAME_MAX]; /* as given, "" when none */
 	char base[STORE_NAME_MAX];
+	char lbase[STORE_NAME_MAX]; /* folded to lower case, as the catalog stores it */
+	char lschema[STORE_NAME_MAX];
 };
 
 static bool names_make(struct names *nm, const char *table)
 {
-	char schema[STORE_NAME_MAX];
-
 	if (!identifier_valid(table))
 		return false;
-	store_split_table(table, schema, sizeof(schema), nm->base, sizeof(nm->base));
+	store_split_table(table, nm->schema, sizeof(nm->schema), nm->base, sizeof(nm->base));
 	if (strlen(nm->base) > IDENTIFIER_TABLE_BASE_MAX)
 		return false;
 	if (snprintf(nm->t, sizeof(nm->t), "%s", table) >= (int)sizeof(nm->t) ||
-	    snprintf(nm->prefix, sizeof(nm->prefix), "%s%s", schema, schema[0] ? "." : "") >=
-	            (int)sizeof(nm->prefix))
+	    snprintf(nm->prefix, sizeof(nm->prefix), "%s%s", nm->schema,
+	             nm->schema[0] ? "." : "") >= (int)sizeof(nm->prefix))
 		return false;
+	/* Unquoted names fold to lower case (identifiers are ASCII here). */
+	for (size_t i = 0; i <= strlen(nm->base); i++)
+		nm->lbase[i] = (char)tolower((unsigned char)nm->base[i]);
+	for (size_t i = 0; i <= strlen(nm->schema); i++)
+		nm->lschema[i] = (char)tolower((unsigned char)nm->schema[i]);
 	return true;
+}
+
+static void add_create_table(struct sbuf *b, const char *if_not_exists, const char *table)
+{
+	sbuf_add(b, "CREATE TABLE %s%s (\n", if_not_exists, table);
+	for (size_t i = 0; i < N_COLUMNS; i++)
+		sbuf_add(b, "  %-13s %s\n", columns[i].name, columns[i].decl);
+	sbuf_add(b, ") WITH (fillfactor = " FILLFACTOR ")");
+}
+
+static void add_wakeup_table(struct sbuf *b, const char *if_not_exists, const char *prefix,
+                             const char *base)
+{
+	sbuf_add(b,
+	         "CREATE TABLE %s%s%s_wakeup (\n"
+	         "  id          INT PRIMARY KEY CHECK (id = 1),\n"
+	         "  armed_until TIMESTAMPTZ\n"
+	         ")",
+	         if_not_exists, prefix, base);
 }
 
 /* Ownership: returns a new string (caller frees); table and channel borrowed. NULL when
@@ -119,98 +256,67 @@ char *store_schema_sql(const char *table, const char *channel)
 
 	sbuf_add(&b,
 	         "-- outbox-relay schema for %s (idempotent: safe to apply again)\n"
-	         "CREATE TABLE IF NOT EXISTS %s (\n"
-	         "  seq           BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,\n"
-	         "  id            VARCHAR(64)  NOT NULL PRIMARY KEY,\n"
-	         "  exchange_name VARCHAR(255) NOT NULL,\n"
-	         "  routing_key   VARCHAR(255) NOT NULL,\n"
-	         "  body          TEXT         NOT NULL,\n"
-	         "  body_encoding VARCHAR(16)  NOT NULL DEFAULT 'utf-8',\n"
-	         "  content_type  VARCHAR(255) NOT NULL DEFAULT 'application/json',\n"
-	         "  headers       TEXT         NOT NULL DEFAULT '{}',\n"
-	         "  properties    TEXT         NOT NULL DEFAULT '{}',\n"
-	         "  ordering_key  VARCHAR(255),\n"
-	         "  txid          XID8         NOT NULL DEFAULT pg_current_xact_id(),\n"
-	         "  created_at    TIMESTAMPTZ  NOT NULL DEFAULT now(),\n"
-	         "  available_at  TIMESTAMPTZ  NOT NULL DEFAULT now(),\n"
-	         "  published_at  TIMESTAMPTZ,\n"
-	         "  attempts      INTEGER      NOT NULL DEFAULT 0,\n"
-	         "  last_error    VARCHAR(1000),\n"
-	         "  locked_by     VARCHAR(64),\n"
-	         "  locked_until  TIMESTAMPTZ\n"
-	         ") WITH (fillfactor = 80);\n\n",
-	         t, t);
+	         "-- For applying by hand: it takes strong locks on the table even when nothing\n"
+	         "-- changes. `outbox-relay migrate` reads the catalog and changes only what "
+	         "differs.\n",
+	         t);
+	add_create_table(&b, "IF NOT EXISTS ", t);
+	sbuf_add(&b, ";\n\n");
 
-	/* An older table (AceMQ SQLOutboxStore) lacks these; existing rows get a seq in their
-	 * physical order and become claimable at once. The indexes below need them, so they
-	 * come first. */
+	/* An older table (AceMQ SQLOutboxStore) lacks some columns; existing rows get a seq in
+	 * their physical order and become claimable at once. The indexes below need them, so
+	 * they come first. */
+	sbuf_add(&b, "-- upgrade an older table in place\nALTER TABLE %s", t);
+	for (size_t i = 0, k = 0; i < N_COLUMNS; i++)
+		if (columns[i].add)
+			sbuf_add(&b, "%s\n  ADD COLUMN IF NOT EXISTS %s %s", k++ ? "," : "",
+			         columns[i].name, columns[i].add);
 	sbuf_add(&b,
-	         "-- upgrade an older table in place\n"
-	         "ALTER TABLE %s\n"
-	         "  ADD COLUMN IF NOT EXISTS seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,\n"
-	         "  ADD COLUMN IF NOT EXISTS properties TEXT NOT NULL DEFAULT '{}',\n"
-	         "  ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(255),\n"
-	         "  ADD COLUMN IF NOT EXISTS txid XID8 NOT NULL DEFAULT pg_current_xact_id(),\n"
-	         "  ADD COLUMN IF NOT EXISTS available_at TIMESTAMPTZ NOT NULL DEFAULT now();\n"
+	         ";\n"
 	         "-- room on each page so that lease updates (unindexed columns) stay HOT\n"
-	         "ALTER TABLE %s SET (fillfactor = 80);\n\n",
-	         t, t);
+	         "ALTER TABLE %s SET (fillfactor = " FILLFACTOR ");\n\n",
+	         t);
 
-	/* The claim walks unpublished rows in seq order and stops after `batch` of them; the key
-	 * index answers "is there an older unpublished row of this key" with one probe. */
-	sbuf_add(&b,
-	         "CREATE INDEX IF NOT EXISTS %s_pending_idx ON %s (seq)\n"
-	         "  WHERE published_at IS NULL;\n"
-	         "CREATE INDEX IF NOT EXISTS %s_key_idx ON %s (ordering_key, seq)\n"
-	         "  WHERE published_at IS NULL AND ordering_key IS NOT NULL;\n\n",
-	         n, t, n, t);
+	for (size_t i = 0; i < N_INDEXES; i++)
+		sbuf_add(&b, "CREATE INDEX IF NOT EXISTS %s%s ON %s %s;\n", n, indexes[i].suffix, t,
+		         indexes[i].def);
+	sbuf_add(&b, "\n");
 
-	/* Wake-up: pg_notify serialises committing transactions cluster-wide, so producers only
-	 * notify while a relay has armed the flag (it does so just before it sleeps). The
-	 * trigger is deferred so the check happens at commit, once the row is visible. */
+	sbuf_add(&b, "-- wake-up: producers notify only while a relay waits (armed_until ahead)\n");
+	add_wakeup_table(&b, "IF NOT EXISTS ", p, n);
+	sbuf_add(&b, ";\nINSERT INTO %s%s_wakeup (id) VALUES (1) ON CONFLICT DO NOTHING;\n\n", p,
+	         n);
+
+	/* The function names its flag table with the schema the outbox table lives in, found
+	 * when the script runs (the name may be unqualified); the trigger is deferred so the
+	 * check happens at commit, once the row is visible. Constraint triggers have no CREATE
+	 * OR REPLACE: created only when missing. */
 	sbuf_add(&b,
-	         "-- wake-up: producers notify only while a relay waits (armed_until ahead)\n"
-	         "CREATE TABLE IF NOT EXISTS %s%s_wakeup (\n"
-	         "  id          INT PRIMARY KEY CHECK (id = 1),\n"
-	         "  armed_until TIMESTAMPTZ\n"
-	         ");\n"
-	         "INSERT INTO %s%s_wakeup (id) VALUES (1) ON CONFLICT DO NOTHING;\n\n",
-	         p, n, p, n);
-	if (channel[0])
-		sbuf_add(&b,
-		         "CREATE OR REPLACE FUNCTION %s%s_wakeup_notify() RETURNS trigger\n"
-		         "LANGUAGE plpgsql AS $fn$\n"
-		         "BEGIN\n"
-		         "  IF EXISTS (SELECT 1 FROM %s%s_wakeup\n"
-		         "             WHERE armed_until > clock_timestamp()) THEN\n"
-		         "    PERFORM pg_notify('%s', '');\n"
-		         "  END IF;\n"
-		         "  RETURN NULL;\n"
-		         "END\n"
-		         "$fn$;\n\n",
-		         p, n, p, n, channel);
-	else
-		sbuf_add(&b,
-		         "CREATE OR REPLACE FUNCTION %s%s_wakeup_notify() RETURNS trigger\n"
-		         "LANGUAGE plpgsql AS $fn$\n"
-		         "BEGIN\n"
-		         "  RETURN NULL; -- no channel configured: relays poll\n"
-		         "END\n"
-		         "$fn$;\n\n",
-		         p, n);
-	/* Constraint triggers have no CREATE OR REPLACE: create it only when missing. */
-	sbuf_add(&b,
+	         "-- the trigger function pins its search_path and names its objects with their\n"
+	         "-- schema, so producers' own search_path neither breaks nor redirects it\n"
 	         "DO $do$\n"
+	         "DECLARE\n"
+	         "  s text := (SELECT n.nspname FROM pg_class c\n"
+	         "             JOIN pg_namespace n ON n.oid = c.relnamespace\n"
+	         "             WHERE c.oid = '%s'::regclass);\n"
 	         "BEGIN\n"
+	         "  EXECUTE format($f$CREATE OR REPLACE FUNCTION %%1$I.%s_wakeup_notify()\n"
+	         "RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp\n"
+	         "AS $fn$",
+	         t, n);
+	add_notify_body(&b, "%1$I", n, channel);
+	sbuf_add(&b,
+	         "$fn$$f$, s);\n"
 	         "  IF NOT EXISTS (SELECT 1 FROM pg_trigger\n"
 	         "                 WHERE tgrelid = '%s'::regclass AND tgname = '%s_wakeup') THEN\n"
-	         "    CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s\n"
+	         "    EXECUTE format($f$CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON "
+	         "%%1$I.%s\n"
 	         "      DEFERRABLE INITIALLY DEFERRED FOR EACH ROW\n"
-	         "      EXECUTE FUNCTION %s%s_wakeup_notify();\n"
+	         "      EXECUTE FUNCTION %%1$I.%s_wakeup_notify()$f$, s);\n"
 	         "  END IF;\n"
 	         "END\n"
 	         "$do$;\n",
-	         t, n, n, t, p, n);
+	         t, nm.lbase, n, n, n);
 
 	if (b.failed) {
 		free(b.p);
@@ -219,45 +325,534 @@ char *store_schema_sql(const char *table, const char *channel)
 	return b.p;
 }
 
-/* One multi-statement simple query runs as one implicit transaction: either the whole
- * schema and upgrade apply or nothing does. The advisory lock serialises two relays that
- * migrate at the same moment (CREATE ... IF NOT EXISTS is not safe against a concurrent
- * create of the same name). */
+/* ---- migrate ---- */
+
+/* How long migrate waits for any one lock. Short, because while it waits every producer's
+ * INSERT queues behind it; long enough for the relay's own statements to finish. */
+#define LOCK_TIMEOUT_S "5"
+
+/* What the catalog says about the table and its objects. */
+enum state { MISSING = 0, CURRENT, DIFFERENT };
+
+struct found {
+	bool table;                   /* the table exists */
+	char schema[STORE_NAME_MAX];  /* where it is (or will be created), as in the catalog */
+	char qschema[STORE_NAME_MAX]; /* the same, quoted for SQL text */
+	bool fillfactor;              /* its storage parameters are current */
+	bool have[N_COLUMNS], has_default[N_COLUMNS];
+	char family[N_COLUMNS][40];
+	enum state index[N_INDEXES];
+	bool wakeup_table, wakeup_row;
+	enum state function, trigger;
+};
+
+/* One change, with what it does in words for the error message. */
+struct change {
+	char *sql;
+	char what[160];
+};
+
+#define MAX_CHANGES 16
+
+struct plan {
+	struct change c[MAX_CHANGES];
+	size_t n;
+	bool failed;
+};
+
+static void plan_add(struct plan *pl, const char *what, const struct sbuf *b)
+{
+	if (b->failed || !b->p || pl->n == MAX_CHANGES) {
+		free(b->p);
+		pl->failed = true;
+		return;
+	}
+	pl->c[pl->n].sql = b->p;
+	snprintf(pl->c[pl->n].what, sizeof(pl->c[pl->n].what), "%s", what);
+	pl->n++;
+}
+
+static void plan_free(struct plan *pl)
+{
+	for (size_t i = 0; i < pl->n; i++)
+		free(pl->c[i].sql);
+	pl->n = 0;
+}
+
+/* Sends sql (one or more statements) and returns the result that tells how it went (the
+ * caller PQclear()s it), NULL when it could not be sent. Unlike store_exec(), the caller gets
+ * the failed result too: a lock timeout is told apart by its SQLSTATE. */
+static PGresult *run(struct store *s, const char *sql)
+{
+	if (store_require_conn(s) != 0 || !PQsendQuery(s->conn, sql))
+		return NULL;
+	s->inflight = STORE_INFLIGHT_SYNC;
+	return store_collect(s);
+}
+
+static bool run_ok(const PGresult *res)
+{
+	return PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK;
+}
+
+static bool lock_timed_out(const PGresult *res)
+{
+	const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return st && strcmp(st, "55P03") == 0;
+}
+
+/* Where the table is and what it has. Reads the catalog only: no lock on the table, so an
+ * up-to-date table is checked without queueing behind (or in front of) anyone. */
+static int inspect(struct store *s, const struct names *nm, struct found *f)
+{
+	const char *pa[2] = { nm->t, nm->lschema };
+	const char *pb[2];
+	PGresult *res = NULL;
+	char sql[512];
+	int rc;
+
+	memset(f, 0, sizeof(*f));
+	/* The schema the table lives in; for a missing table, the one CREATE TABLE would use. */
+	rc = store_exec(s,
+	                "SELECT n.nspname::text, quote_ident(n.nspname), c.relkind::text"
+	                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+	                " WHERE c.oid = to_regclass($1)"
+	                " UNION ALL SELECT x, quote_ident(x), '' FROM"
+	                " (SELECT COALESCE(NULLIF($2, ''), current_schema()) AS x) y"
+	                " WHERE to_regclass($1) IS NULL",
+	                2, pa, PGRES_TUPLES_OK, &res, "could not read the catalog");
+	if (rc != 0)
+		goto out;
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+		store_set_error(s,
+		                "could not create table '%s': no schema to create it in (the "
+		                "search_path names none that exists); qualify database.table",
+		                nm->t);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	f->table = PQgetvalue(res, 0, 2)[0] != '\0';
+	if (f->table && strchr("rp", PQgetvalue(res, 0, 2)[0]) == NULL) {
+		store_set_error(s, "'%s' is not a table", nm->t);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	snprintf(f->schema, sizeof(f->schema), "%s", PQgetvalue(res, 0, 0));
+	snprintf(f->qschema, sizeof(f->qschema), "%s", PQgetvalue(res, 0, 1));
+	PQclear(res);
+	res = NULL;
+
+	/* One row per fact: t = the table and its storage parameters, c = a column, i = an
+	 * index, w = the wake-up table, f = the wake-up function, g = the trigger. */
+	pb[0] = f->schema;
+	pb[1] = nm->lbase;
+	rc = store_exec(
+	        s,
+	        "WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1),"
+	        " t AS (SELECT c.oid, c.reloptions FROM pg_class c JOIN ns ON c.relnamespace = "
+	        "ns.oid"
+	        " WHERE c.relname = $2),"
+	        " f AS (SELECT p.oid, p.prosrc, p.proconfig FROM pg_proc p"
+	        " JOIN ns ON p.pronamespace = ns.oid"
+	        " WHERE p.proname = $2 || '_wakeup_notify' AND p.pronargs = 0)"
+	        " SELECT 't', NULL, array_to_string(t.reloptions, ','), NULL FROM t"
+	        " UNION ALL SELECT 'c', a.attname::text,"
+	        " CASE WHEN a.atttypid IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype)"
+	        " THEN 'text' ELSE format_type(a.atttypid, NULL) END,"
+	        " (a.atthasdef OR a.attidentity <> '')::text"
+	        " FROM t JOIN pg_attribute a ON a.attrelid = t.oid"
+	        " WHERE a.attnum > 0 AND NOT a.attisdropped"
+	        " UNION ALL SELECT 'i', ic.relname::text,"
+	        " regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING ', ''),"
+	        " (i.indisvalid AND i.indisready)::text"
+	        " FROM t JOIN pg_index i ON i.indrelid = t.oid JOIN pg_class ic ON ic.oid = "
+	        "i.indexrelid"
+	        " UNION ALL SELECT 'w', NULL, NULL, NULL FROM pg_class w JOIN ns"
+	        " ON w.relnamespace = ns.oid WHERE w.relname = $2 || '_wakeup'"
+	        " UNION ALL SELECT 'f', NULL, f.prosrc, array_to_string(f.proconfig, ';') FROM f"
+	        " UNION ALL SELECT 'g', tg.tgname::text, (tg.tgfoid = f.oid)::text,"
+	        " (tg.tgdeferrable AND tg.tginitdeferred AND tg.tgtype = 5)::text"
+	        " FROM t JOIN pg_trigger tg ON tg.tgrelid = t.oid LEFT JOIN f ON true"
+	        " WHERE tg.tgname = $2 || '_wakeup'",
+	        2, pb, PGRES_TUPLES_OK, &res, "could not read the catalog");
+	if (rc != 0)
+		goto out;
+	for (int r = 0; r < PQntuples(res); r++) {
+		const char *kind = PQgetvalue(res, r, 0), *name = PQgetvalue(res, r, 1);
+		const char *a = PQgetvalue(res, r, 2), *b = PQgetvalue(res, r, 3);
+
+		switch (kind[0]) {
+		case 't':
+			f->fillfactor = strstr(a, "fillfactor=" FILLFACTOR) != NULL;
+			break;
+		case 'c':
+			for (size_t i = 0; i < N_COLUMNS; i++) {
+				if (strcmp(name, columns[i].name) != 0)
+					continue;
+				f->have[i] = true;
+				f->has_default[i] = strcmp(b, "true") == 0;
+				snprintf(f->family[i], sizeof(f->family[i]), "%s", a);
+			}
+			break;
+		case 'i':
+			for (size_t i = 0; i < N_INDEXES; i++) {
+				char want[STORE_NAME_MAX];
+
+				snprintf(want, sizeof(want), "%s%s", nm->lbase, indexes[i].suffix);
+				if (strcmp(name, want) != 0)
+					continue;
+				f->index[i] =
+				        strcmp(a, indexes[i].catalog) == 0 && strcmp(b, "true") == 0
+				                ? CURRENT
+				                : DIFFERENT;
+			}
+			break;
+		case 'w':
+			f->wakeup_table = true;
+			break;
+		case 'f': {
+			struct sbuf body = { 0 };
+			const char *ch = s->opts.channel ? s->opts.channel : "";
+
+			add_notify_body(&body, f->qschema, nm->base, ch);
+			if (body.failed) {
+				free(body.p);
+				store_set_error(s, "out of memory");
+				rc = STORE_ERR_NOMEM;
+				goto out;
+			}
+			f->function = strcmp(a, body.p) == 0 && strcmp(b, FUNCTION_CONFIG) == 0
+			                      ? CURRENT
+			                      : DIFFERENT;
+			free(body.p);
+			break;
+		}
+		case 'g':
+			f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT
+			                                                              : DIFFERENT;
+			break;
+		default:
+			break;
+		}
+	}
+	PQclear(res);
+	res = NULL;
+
+	if (f->wakeup_table) {
+		/* ACCESS SHARE on the flag table, which only an ALTER or DROP would wait for. */
+		snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s.%s_wakeup WHERE id = 1",
+		         f->qschema, nm->base);
+		rc = store_exec(s, sql, 0, NULL, PGRES_TUPLES_OK, &res,
+		                "could not read the wake-up table");
+		if (rc != 0)
+			goto out;
+		f->wakeup_row = strcmp(PQgetvalue(res, 0, 0), "0") != 0;
+	}
+	rc = 0;
+out:
+	PQclear(res);
+	return rc;
+}
+
+/* The changes that need a transaction: everything but building indexes on an existing table.
+ * Columns the table must have but cannot be given, and columns of the wrong type, are refused
+ * before anything is changed. */
+static int plan_changes(struct store *s, const struct names *nm, const struct found *f,
+                        struct plan *pl)
+{
+	char tq[2 * STORE_NAME_MAX]; /* the table, schema-qualified */
+	const char *ch = s->opts.channel ? s->opts.channel : "";
+	struct sbuf b = { 0 };
+	bool any = false;
+
+	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
+	if (!f->table) {
+		/* A new table is seen by nobody until this transaction commits, so its indexes
+		 * are built here at no cost to anyone. */
+		add_create_table(&b, "", tq);
+		plan_add(pl, "create the table", &b);
+		for (size_t i = 0; i < N_INDEXES; i++) {
+			memset(&b, 0, sizeof(b));
+			sbuf_add(&b, "CREATE INDEX %s%s ON %s %s", nm->base, indexes[i].suffix, tq,
+			         indexes[i].def);
+			plan_add(pl, "create an index", &b);
+		}
+	} else {
+		for (size_t i = 0; i < N_COLUMNS; i++) {
+			const struct column *c = &columns[i];
+
+			if (!f->have[i] && !c->add) {
+				store_set_error(
+				        s,
+				        "table '%s' has no column %s: it is not an outbox table; "
+				        "nothing was changed",
+				        nm->t, c->name);
+				return STORE_ERR_FATAL;
+			}
+			if (f->have[i] && strcmp(f->family[i], c->family) != 0) {
+				store_set_error(
+				        s,
+				        "column %s of table '%s' is of type %s, the relay needs "
+				        "%s; nothing was changed",
+				        c->name, nm->t, f->family[i], c->family);
+				return STORE_ERR_FATAL;
+			}
+			if (f->have[i] && !f->has_default[i] && strcmp(c->name, "seq") == 0) {
+				store_set_error(
+				        s,
+				        "column seq of table '%s' is neither an identity column "
+				        "nor has a default; nothing was changed",
+				        nm->t);
+				return STORE_ERR_FATAL;
+			}
+			if (!f->have[i])
+				sbuf_add(&b, "%s ADD COLUMN %s %s", any ? "," : "", c->name,
+				         c->add);
+			else if (c->def && !f->has_default[i])
+				sbuf_add(&b, "%s ALTER COLUMN %s SET DEFAULT %s", any ? "," : "",
+				         c->name, c->def);
+			else
+				continue;
+			any = true;
+		}
+		if (any) {
+			/* ACCESS EXCLUSIVE, and a rewrite for seq and txid: an upgrade, once. */
+			struct sbuf a = { 0 };
+
+			sbuf_add(&a, "ALTER TABLE %s%s", tq, b.p ? b.p : "");
+			free(b.p);
+			plan_add(pl, "add missing columns or defaults", &a);
+		}
+		if (!f->fillfactor) {
+			/* SHARE UPDATE EXCLUSIVE: producers' inserts do not wait for it. */
+			memset(&b, 0, sizeof(b));
+			sbuf_add(&b, "ALTER TABLE %s SET (fillfactor = " FILLFACTOR ")", tq);
+			plan_add(pl, "set the table's fillfactor", &b);
+		}
+	}
+	if (!f->wakeup_table) {
+		char prefix[STORE_NAME_MAX + 2];
+
+		snprintf(prefix, sizeof(prefix), "%s.", f->qschema);
+		memset(&b, 0, sizeof(b));
+		add_wakeup_table(&b, "", prefix, nm->base);
+		plan_add(pl, "create the wake-up table", &b);
+	}
+	if (!f->wakeup_row) {
+		memset(&b, 0, sizeof(b));
+		sbuf_add(&b, "INSERT INTO %s.%s_wakeup (id) VALUES (1) ON CONFLICT DO NOTHING",
+		         f->qschema, nm->base);
+		plan_add(pl, "add the wake-up flag's row", &b);
+	}
+	if (f->function != CURRENT) {
+		memset(&b, 0, sizeof(b));
+		sbuf_add(&b,
+		         "CREATE OR REPLACE FUNCTION %s.%s_wakeup_notify() RETURNS trigger\n"
+		         "LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp\nAS $fn$",
+		         f->qschema, nm->base);
+		add_notify_body(&b, f->qschema, nm->base, ch);
+		sbuf_add(&b, "$fn$");
+		plan_add(pl, "replace the wake-up function", &b);
+	}
+	if (f->trigger == DIFFERENT) {
+		memset(&b, 0, sizeof(b));
+		sbuf_add(&b, "DROP TRIGGER %s_wakeup ON %s", nm->base, tq);
+		plan_add(pl, "replace the wake-up trigger", &b);
+	}
+	if (f->trigger != CURRENT) {
+		/* SHARE ROW EXCLUSIVE on the table: producers wait while it waits. */
+		memset(&b, 0, sizeof(b));
+		sbuf_add(&b,
+		         "CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s\n"
+		         "  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW\n"
+		         "  EXECUTE FUNCTION %s.%s_wakeup_notify()",
+		         nm->base, tq, f->qschema, nm->base);
+		plan_add(pl, "create the wake-up trigger", &b);
+	}
+	if (pl->failed) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	return 0;
+}
+
+/* After a lock timeout: who holds a lock on the table or its flag table, as one line
+ * ("pid 42 (application_name 'billing', idle in transaction, transaction open 12 s)"), or a
+ * sentence saying they are gone. Asked on a connection that is idle again. */
+static void describe_holders(struct store *s, const struct names *nm, const struct found *f,
+                             char *out, size_t len)
+{
+	char table[2 * STORE_NAME_MAX + 8], wake[2 * STORE_NAME_MAX + 16];
+	const char *params[2] = { table, wake };
+	PGresult *res = NULL;
+
+	snprintf(table, sizeof(table), "%s.%s", f->qschema, nm->base);
+	snprintf(wake, sizeof(wake), "%s.%s_wakeup", f->qschema, nm->base);
+	snprintf(out, len, "a transaction that has ended since");
+	if (store_exec(s,
+	               "SELECT string_agg(format('pid %s (%s, %s%s)', a.pid,"
+	               " CASE WHEN a.application_name = '' THEN 'no application_name'"
+	               " ELSE 'application_name ' || quote_literal(a.application_name) END,"
+	               " COALESCE(a.state, 'state unknown'),"
+	               " CASE WHEN a.xact_start IS NULL THEN '' ELSE ', transaction open '"
+	               " || floor(extract(epoch FROM clock_timestamp() - a.xact_start))::bigint"
+	               " || ' s' END), ', ' ORDER BY a.pid)"
+	               " FROM pg_stat_activity a WHERE a.pid IN (SELECT l.pid FROM pg_locks l"
+	               " WHERE l.locktype = 'relation' AND l.granted"
+	               " AND l.relation IN (to_regclass($1), to_regclass($2))"
+	               " AND l.pid <> pg_backend_pid() LIMIT 4)",
+	               2, params, PGRES_TUPLES_OK, &res, "could not name the lock holders") == 0 &&
+	    PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+		snprintf(out, len, "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+}
+
+/* Reports a failed step: a lock timeout as one line naming the table and who holds it, any
+ * other error as the server's message. after says what state the table was left in. */
+static int step_failed(struct store *s, const struct names *nm, const struct found *f,
+                       PGresult *res, const char *what, const char *after)
+{
+	char holders[300], prefix[256];
+
+	if (!lock_timed_out(res)) {
+		snprintf(prefix, sizeof(prefix), "could not migrate table '%s' (%s; %s)", nm->t,
+		         what, after);
+		return store_result_error(s, res, prefix);
+	}
+	describe_holders(s, nm, f, holders, sizeof(holders));
+	store_set_error(s,
+	                "could not %s: table '%s' stayed locked for " LOCK_TIMEOUT_S
+	                " s by %s; %s: run migrate again once that transaction has ended",
+	                what, nm->t, holders, after);
+	return STORE_ERR_QUERY;
+}
+
+/* Phase one: every change but index builds, in one transaction, each statement waiting at most
+ * LOCK_TIMEOUT_S for its lock. All or nothing. */
+static int apply_changes(struct store *s, const struct names *nm, const struct found *f,
+                         const struct plan *pl)
+{
+	PGresult *res =
+	        run(s, "BEGIN; SELECT set_config('lock_timeout', '" LOCK_TIMEOUT_S "s', true)");
+	int rc = 0;
+
+	if (!run_ok(res)) {
+		rc = store_result_error(s, res, "could not migrate the outbox table");
+		PQclear(res);
+		PQclear(run(s, "ROLLBACK"));
+		return rc;
+	}
+	for (size_t i = 0; i < pl->n; i++) {
+		PQclear(res);
+		res = run(s, pl->c[i].sql);
+		if (!run_ok(res)) {
+			/* The holders are asked once the transaction is gone, so that its own locks
+			 * are not among them. */
+			PQclear(run(s, "ROLLBACK"));
+			rc = step_failed(s, nm, f, res, pl->c[i].what, "nothing was changed");
+			PQclear(res);
+			return rc;
+		}
+	}
+	PQclear(res);
+	res = run(s, "COMMIT");
+	if (!run_ok(res))
+		rc = step_failed(s, nm, f, res, "commit", "nothing was changed");
+	PQclear(res);
+	return rc;
+}
+
+/* Phase two: indexes missing from (or different on) a table that already exists are built
+ * CONCURRENTLY, so producers keep inserting while a large table is indexed: a plain CREATE
+ * INDEX would hold their inserts for the whole build. It cannot run in a transaction, so
+ * each index is its own step; a build that fails leaves an invalid index behind, which the
+ * next migrate drops and builds again. */
+static int build_indexes(struct store *s, const struct names *nm, const struct found *f,
+                         bool changed)
+{
+	char sql[1024], what[STORE_NAME_MAX + 32], tq[2 * STORE_NAME_MAX];
+	const char *after = changed ? "the other changes were applied" : "nothing else was changed";
+	PGresult *res = NULL;
+	int rc = 0;
+
+	if (!f->table)
+		return 0;
+	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
+	for (size_t i = 0; i < N_INDEXES && rc == 0; i++) {
+		if (f->index[i] == CURRENT)
+			continue;
+		snprintf(what, sizeof(what), "create index %s%s", nm->base, indexes[i].suffix);
+		PQclear(res);
+		res = run(s, "SET lock_timeout = '" LOCK_TIMEOUT_S "s'");
+		if (run_ok(res) && f->index[i] == DIFFERENT) {
+			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
+			         f->qschema, nm->base, indexes[i].suffix);
+			PQclear(res);
+			res = run(s, sql);
+		}
+		if (run_ok(res)) {
+			snprintf(sql, sizeof(sql), "CREATE INDEX CONCURRENTLY %s%s ON %s %s",
+			         nm->base, indexes[i].suffix, tq, indexes[i].def);
+			PQclear(res);
+			res = run(s, sql);
+		}
+		if (!run_ok(res))
+			rc = step_failed(s, nm, f, res, what, after);
+	}
+	PQclear(res);
+	PQclear(run(s, "RESET lock_timeout"));
+	return rc;
+}
+
+/* Reads the catalog and changes only what is missing or different, so that the run on every
+ * deployment (Compose runs it on each `up`) finds an up-to-date table and takes no lock on
+ * it at all. Every lock it does need is waited for at most LOCK_TIMEOUT_S: while a DDL
+ * statement waits for a lock, every producer's INSERT queues behind it, so an open
+ * transaction on the table must make migrate fail, not stall the application. The advisory
+ * lock serialises two migrates of the same table (CREATE ... is not safe against a
+ * concurrent create of the same name); it is a session lock because index builds span
+ * transactions. */
 int store_migrate(struct store *s)
 {
-	char *ddl = NULL, *sql = NULL;
-	size_t len;
-	PGresult *res = NULL;
+	char key[STORE_NAME_MAX + 32], saved[STORE_ERRMSG_MAX];
+	const char *params[1] = { key };
+	struct plan pl = { .n = 0 };
+	struct names nm;
+	struct found f;
+	bool locked = false;
 	int rc;
 
 	rc = store_require_conn(s);
 	if (rc != 0)
 		goto out;
-	ddl = store_schema_sql(s->table, s->opts.channel ? s->opts.channel : "");
-	if (!ddl) {
+	if (!names_make(&nm, s->table)) {
 		store_set_error(s, "could not build the schema for table '%s': name not usable",
 		                s->table);
 		rc = STORE_ERR_FATAL;
 		goto out;
 	}
-	len = strlen(ddl) + strlen(s->table) + 128;
-	sql = malloc(len);
-	if (!sql) {
-		rc = STORE_ERR_NOMEM;
-		store_set_error(s, "out of memory");
+	snprintf(key, sizeof(key), "outbox-relay migrate %s", s->table);
+	rc = store_exec(s, "SELECT pg_advisory_lock(hashtext($1))", 1, params, PGRES_TUPLES_OK,
+	                NULL, "could not take the migrate lock");
+	if (rc != 0)
 		goto out;
-	}
-	snprintf(sql, len, "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate %s'));\n%s",
-	         s->table, ddl);
-	res = PQexec(s->conn, sql);
-	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK) {
-		rc = store_result_error(s, res, "could not migrate the outbox table");
+	locked = true;
+	if ((rc = inspect(s, &nm, &f)) != 0 || (rc = plan_changes(s, &nm, &f, &pl)) != 0)
 		goto out;
-	}
-	rc = 0;
+	if (pl.n > 0 && (rc = apply_changes(s, &nm, &f, &pl)) != 0)
+		goto out;
+	rc = build_indexes(s, &nm, &f, pl.n > 0);
 out:
-	PQclear(res);
-	free(sql);
-	free(ddl);
+	if (locked && store_connected(s)) {
+		snprintf(saved, sizeof(saved), "%s", s->errmsg);
+		if (store_exec(s, "SELECT pg_advisory_unlock(hashtext($1))", 1, params,
+		               PGRES_TUPLES_OK, NULL, "could not release the migrate lock") != 0 &&
+		    rc == 0)
+			rc = STORE_ERR_QUERY;
+		else if (rc != 0)
+			snprintf(s->errmsg, sizeof(s->errmsg), "%s", saved);
+	}
+	plan_free(&pl);
 	return rc;
 }

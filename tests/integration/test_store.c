@@ -235,7 +235,7 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup", g_table), 1);
 	cr_assert_eq(
 	        sql_int(g_admin, "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
-	        4, "pkey, seq unique, pending and key indexes, nothing twice");
+	        5, "pkey, seq unique, pending, key and published indexes, nothing twice");
 
 	cr_assert_null(store_schema_sql("bad name", "c"));
 	cr_assert_null(store_schema_sql("x; DROP TABLE y", "c"));

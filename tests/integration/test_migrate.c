@@ -1,0 +1,324 @@
+/* `outbox-relay migrate` beside a live application: on an up-to-date table it takes no lock,
+ * so producers never queue behind it; what it must change it changes under a short lock
+ * timeout, failing with a line that names who holds the table; and the wake-up trigger works
+ * whatever search_path the producer has. Each test uses its own table. */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <libpq-fe.h>
+
+#include "tests/support/harness.h"
+
+/* Bounds only against a hang: migrate's lock timeout is 5 s. */
+#define MIGRATE_EXIT_MS 30000
+
+static void drop_all(PGconn *c, const char *t)
+{
+	harness_pg_exec(c,
+	                "SET client_min_messages = warning; DROP TABLE IF EXISTS %s, %s_wakeup;"
+	                " DROP FUNCTION IF EXISTS %s_wakeup_notify()",
+	                t, t, t);
+}
+
+/* A producer's connection with an insert left uncommitted (it holds ROW EXCLUSIVE on the
+ * table until it ends), named so that migrate's message can be checked for it. */
+static PGconn *hold_insert(const char *t, const char *app, const char *id)
+{
+	PGconn *c = harness_pg_connect();
+
+	harness_pg_exec(c, "SET application_name = '%s'", app);
+	harness_pg_exec(c, "BEGIN");
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
+	                " VALUES ('%s', 'ex', 'rk', '{}')",
+	                t, id);
+	return c;
+}
+
+/* One producer's insert in its own transaction, given at most 2 s. 0 or -1 (err says why). */
+static int timed_insert(const char *t, const char *id, char *err, size_t errlen)
+{
+	PGconn *c = harness_pg_connect();
+	int rc = harness_pg_try_exec(c, err, errlen,
+	                             "SET statement_timeout = '2s';"
+	                             " INSERT INTO %s (id, exchange_name, routing_key, body)"
+	                             " VALUES ('%s', 'ex', 'rk', '{}')",
+	                             t, id);
+	PQfinish(c);
+	return rc;
+}
+
+struct migrate_wait {
+	struct harness_relay *m;
+	PGconn *c;
+};
+
+/* The migrate process has exited, or waits for a lock (what the old migrate did). */
+static bool exited_or_waiting(void *arg)
+{
+	struct migrate_wait *w = arg;
+
+	if (harness_relay_wait(w->m, 0) != -1)
+		return true;
+	return harness_pg_int(w->c, "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+	                            " 'outbox-relay admin' AND wait_event_type = 'Lock'") > 0;
+}
+
+Test(migrate, up_to_date_table_takes_no_lock, .timeout = 120)
+{
+	char t[64], err[512];
+	const char *const args[] = { "migrate", NULL };
+	PGconn *admin = harness_pg_connect(), *holder;
+	struct migrate_wait w;
+	int failed = 0, status;
+
+	harness_unique_name(t, sizeof(t), "mig_nolock");
+	harness_migrate(t);
+	holder = hold_insert(t, "mig-holder", "held-1");
+
+	w.c = admin;
+	w.m = harness_relay_start(t, NULL, args);
+	cr_assert(harness_wait_until(exited_or_waiting, &w, 20000),
+	          "migrate neither ended nor waited");
+	/* While migrate runs (or ran): five other producers, 2 s each at most. */
+	for (int i = 0; i < 5; i++) {
+		char id[32];
+
+		snprintf(id, sizeof(id), "p-%d", i);
+		if (timed_insert(t, id, err, sizeof(err)) != 0) {
+			cr_log_error("producer %d: %s", i, err);
+			failed++;
+		}
+	}
+	status = harness_relay_wait(w.m, MIGRATE_EXIT_MS);
+	harness_pg_exec(holder, "COMMIT");
+	PQfinish(holder);
+	if (status != 0)
+		harness_relay_dump_log(w.m);
+	cr_assert_eq(failed, 0, "%d of 5 producers' inserts timed out behind migrate", failed);
+	cr_assert_eq(status, 0, "migrate on an up-to-date table exited %d (-1: still waiting)",
+	             status);
+	cr_assert_eq(harness_pg_int(admin, "SELECT count(*) FROM %s", t), 6);
+	harness_relay_free(w.m);
+	drop_all(admin, t);
+	PQfinish(admin);
+}
+
+Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout = 120)
+{
+	char t[64];
+	PGconn *c = harness_pg_connect();
+	char *src, *cfg;
+
+	harness_unique_name(t, sizeof(t), "mig_fix");
+	harness_migrate(t);
+	/* What an older version left: an unqualified function without a pinned search_path,
+	 * and no purge index; and someone dropped the pending index and the flag's row. */
+	harness_pg_exec(c, "DROP INDEX %s_pending_idx; DROP INDEX %s_published_idx", t, t);
+	harness_pg_exec(c, "DELETE FROM %s_wakeup", t);
+	harness_pg_exec(c,
+	                "CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger"
+	                " LANGUAGE plpgsql AS $fn$ BEGIN IF EXISTS (SELECT 1 FROM %s_wakeup"
+	                " WHERE armed_until > clock_timestamp()) THEN PERFORM pg_notify('%s', '');"
+	                " END IF; RETURN NULL; END $fn$",
+	                t, t, t);
+	harness_migrate(t);
+
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
+	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
+	                            " AND i.indisvalid AND ic.relname IN ('%s_pending_idx',"
+	                            " '%s_key_idx', '%s_published_idx')",
+	                            t, t, t, t),
+	             3, "all three indexes, valid");
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s_wakeup WHERE id = 1", t), 1);
+	src = harness_pg_string(c, "SELECT prosrc FROM pg_proc WHERE proname = '%s_wakeup_notify'",
+	                        t);
+	cfg = harness_pg_string(
+	        c,
+	        "SELECT array_to_string(proconfig, ';') FROM pg_proc WHERE proname ="
+	        " '%s_wakeup_notify'",
+	        t);
+	cr_assert_not_null(src);
+	cr_assert_not_null(cfg, "the function pins its search_path");
+	cr_assert(strstr(src, "public.") != NULL, "names qualified: %s", src);
+	cr_assert_str_eq(cfg, "search_path=pg_catalog, pg_temp");
+	free(src);
+	free(cfg);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                            " AND tgname = '%s_wakeup'",
+	                            t, t),
+	             1);
+	drop_all(c, t);
+	PQfinish(c);
+}
+
+/* Runs migrate for t to its end and returns its output (harness_output_free()). */
+static void run_migrate(struct harness_output *o, const char *t)
+{
+	harness_cli(o, t, NULL, "migrate", (const char *)NULL);
+}
+
+Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
+{
+	char t[64], pid[16];
+	PGconn *c = harness_pg_connect(), *holder;
+	struct harness_output o;
+
+	harness_unique_name(t, sizeof(t), "mig_blocked");
+	harness_migrate(t);
+
+	/* A change in the transaction: the trigger (SHARE ROW EXCLUSIVE on the table). */
+	harness_pg_exec(c, "DROP TRIGGER %s_wakeup ON %s", t, t);
+	holder = hold_insert(t, "mig-holder", "held-1");
+	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
+	run_migrate(&o, t);
+	cr_assert_eq(o.status, 1, "migrate exited %d (-1: killed after 60 s):\n%s%s", o.status,
+	             o.out, o.err);
+	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder'") &&
+	                  strstr(o.err, "nothing was changed"),
+	          "the message names the table, the holder and the outcome: %s", o.err);
+	cr_assert_eq(strchr(o.err, '\n'), o.err + strlen(o.err) - 1, "one line: %s", o.err);
+	harness_output_free(&o);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                            " AND tgname = '%s_wakeup'",
+	                            t, t),
+	             0, "nothing was changed");
+
+	/* An index build (CONCURRENTLY: it waits for the holder's transaction). */
+	harness_pg_exec(holder, "COMMIT");
+	PQfinish(holder);
+	harness_migrate(t);
+	harness_pg_exec(c, "DROP INDEX %s_pending_idx", t);
+	holder = hold_insert(t, "mig-holder-2", "held-2");
+	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
+	run_migrate(&o, t);
+	cr_assert_eq(o.status, 1, "migrate exited %d:\n%s%s", o.status, o.out, o.err);
+	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder-2'") &&
+	                  strstr(o.err, "_pending_idx"),
+	          "%s", o.err);
+	harness_output_free(&o);
+	harness_pg_exec(holder, "COMMIT");
+	PQfinish(holder);
+
+	/* Once the holder is gone, the next run finishes the job (an unfinished index build
+	 * left an invalid index behind: it is dropped and built again). */
+	harness_migrate(t);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
+	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
+	                            " AND i.indisvalid AND ic.relname = '%s_pending_idx'",
+	                            t, t),
+	             1);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_index WHERE indrelid = '%s'::regclass"
+	                            " AND NOT indisvalid",
+	                            t),
+	             0, "no invalid index left");
+	drop_all(c, t);
+	PQfinish(c);
+}
+
+Test(migrate, two_concurrent_migrates_of_a_new_table, .timeout = 120)
+{
+	char t[64];
+	const char *const args[] = { "migrate", NULL };
+	struct harness_relay *a, *b;
+	PGconn *c = harness_pg_connect();
+	int sa, sb;
+
+	harness_unique_name(t, sizeof(t), "mig_twice");
+	a = harness_relay_start(t, NULL, args);
+	b = harness_relay_start(t, NULL, args);
+	sa = harness_relay_wait(a, MIGRATE_EXIT_MS);
+	sb = harness_relay_wait(b, MIGRATE_EXIT_MS);
+	if (sa != 0)
+		harness_relay_dump_log(a);
+	if (sb != 0)
+		harness_relay_dump_log(b);
+	cr_assert(sa == 0 && sb == 0, "exit statuses %d and %d", sa, sb);
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s_wakeup", t), 1);
+	harness_relay_free(a);
+	harness_relay_free(b);
+	drop_all(c, t);
+	PQfinish(c);
+}
+
+/* ---- the wake-up trigger and the producer's search_path ---- */
+
+/* Waits up to ms for a notification on channel; drains what came. */
+static bool notified(PGconn *l, const char *channel, int ms)
+{
+	int64_t end = harness_now_ms() + ms;
+	bool got = false;
+
+	while (!got && harness_now_ms() < end) {
+		struct pollfd p = { .fd = PQsocket(l), .events = POLLIN };
+		PGnotify *n;
+
+		(void)poll(&p, 1, 50);
+		cr_assert(PQconsumeInput(l), "%s", PQerrorMessage(l));
+		while ((n = PQnotifies(l)) != NULL) {
+			if (strcmp(n->relname, channel) == 0)
+				got = true;
+			PQfreemem(n);
+		}
+	}
+	return got;
+}
+
+/* A producer with search_path set by path_sql inserts into public.<t> and commits; with the
+ * flag armed a listener is notified. */
+static void produce_with_path(PGconn *listener, const char *t, const char *path_sql, const char *id)
+{
+	PGconn *p = harness_pg_connect();
+	char err[512];
+
+	harness_pg_exec(p, "%s", path_sql);
+	harness_pg_exec(listener,
+	                "UPDATE public.%s_wakeup SET armed_until = now() + interval '1 minute'", t);
+	harness_pg_exec(p, "BEGIN");
+	harness_pg_exec(p,
+	                "INSERT INTO public.%s (id, exchange_name, routing_key, body)"
+	                " VALUES ('%s', 'ex', 'rk', '{}')",
+	                t, id);
+	cr_assert_eq(harness_pg_try_exec(p, err, sizeof(err), "COMMIT"), 0,
+	             "the producer's commit failed (%s): %s", path_sql, err);
+	PQfinish(p);
+	cr_assert(notified(listener, t, 15000), "armed flag, no notification (%s)", path_sql);
+	cr_assert_eq(
+	        harness_pg_int(listener, "SELECT count(*) FROM public.%s WHERE id = '%s'", t, id),
+	        1);
+}
+
+Test(migrate, wakeup_works_under_any_producer_search_path, .timeout = 120)
+{
+	char t[64], hostile[80];
+	PGconn *l = harness_pg_connect();
+
+	harness_unique_name(t, sizeof(t), "mig_path");
+	snprintf(hostile, sizeof(hostile), "%s_hostile", t);
+	harness_migrate(t);
+	harness_pg_exec(l, "LISTEN \"%s\"", t);
+
+	produce_with_path(l, t, "SET search_path = ''", "empty-path");
+
+	/* A schema first on the path with a flag table of its own, never armed: a function that
+	 * followed the path would read it and stay silent. */
+	harness_pg_exec(l,
+	                "CREATE SCHEMA %s; CREATE TABLE %s.%s_wakeup (id int PRIMARY KEY,"
+	                " armed_until timestamptz)",
+	                hostile, hostile, t);
+	produce_with_path(l, t, "SET search_path = ''", "empty-path-2");
+	char path[160];
+	snprintf(path, sizeof(path), "SET search_path = %s, public", hostile);
+	produce_with_path(l, t, path, "hostile-path");
+
+	harness_pg_exec(l, "DROP SCHEMA %s CASCADE", hostile);
+	drop_all(l, t);
+	PQfinish(l);
+}
