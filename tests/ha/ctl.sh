@@ -14,7 +14,7 @@ usage: ha-ctl COMMAND [ARGS]
   pg-rejoin [N]        rebuild node N (default: the one down) as a synchronous standby
   pg-sync on|off       synchronous replication on the primary to its standby, or none
   pg-start N | pg-stop N | pg-ctl N ARGS... | pg-psql N SQL
-  rmq-start N          start RabbitMQ node N (1-3) and wait until it runs in the cluster
+  rmq-start N          start RabbitMQ node N (1-3), wait until booted (a member rejoins)
   rmq-stop N           rabbitmqctl shutdown: the node closes its connections and exits
   rmq-kill N           SIGKILL node N's Erlang VM: its sockets simply drop
   rmq-status           cluster_status as seen from the first running node
