@@ -30,13 +30,19 @@ port_busy() {
 	return 1
 }
 
-# A random free port in 20000..44999 into $REPLY; below 45000 because rabbitmqctl may take
-# its own distribution port at a node's distribution port + 10000.
+# A random free port into $REPLY, below the kernel's ephemeral range: a port in that range
+# can be taken as the local end of any outgoing connection (a CLI tool's, a test's) between
+# being picked and being bound. Also p + 10000 stays below it, because rabbitmqctl may take its
+# own distribution port there. With the usual 32768 that is 12767..22767.
 taken_ports=""
+ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)
+port_hi=$((${ephemeral_low:-32768} - 10001))
+port_lo=$((port_hi - 10000))
 free_port() {
 	local p _
+	[ "$port_lo" -ge 1024 ] || die "the ephemeral port range starts too low to pick ports below it"
 	for _ in $(seq 1 200); do
-		p=$((20000 + (RANDOM * 32768 + RANDOM) % 25000))
+		p=$((port_lo + (RANDOM * 32768 + RANDOM) % (port_hi - port_lo + 1)))
 		case " $taken_ports " in *" $p "*) continue ;; esac
 		if ! port_busy "$p" && ! port_busy $((p + 10000)); then
 			taken_ports="$taken_ports $p"
