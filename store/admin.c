@@ -62,34 +62,60 @@ static int blocked_cte(struct store *s, char *out, size_t cap)
 	                 s->table, s->opts.skip_dead ? " AND attempts < $1::int" : "");
 }
 
+/* A published-row count above this many pages is estimated (see store_status()); below it
+ * the table is small enough to count: at most 1 MiB of pages read. */
+#define COUNT_PUBLISHED_MAX_PAGES 128
+
+/* The gauges cost O(unpublished rows), never O(table): with days of retention the table holds
+ * millions of published rows, and this runs every few seconds. Pending, leased, dead and the
+ * oldest age walk the pending index (unpublished rows only); blocked keys walk the key index;
+ * published rows are the table's live-row estimate (the statistics' n_live_tup, or
+ * reltuples before any were collected) less the unpublished rows, clamped at 0. The last
+ * column is the table's size in pages, by which store_status() decides whether to count the
+ * published rows instead. $1 = max_attempts. */
+static int status_sql(struct store *s, char *sql, size_t cap)
+{
+	char cte[ADMIN_SQL_MAX];
+	int rc;
+
+	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
+		return rc;
+	return build_sql(
+	        s, sql, cap,
+	        "WITH %s SELECT u.pending, u.leased, u.dead,"
+	        " GREATEST(0, (SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
+	        " THEN pg_stat_get_live_tuples(c.oid) ELSE GREATEST(c.reltuples, 0)::bigint END"
+	        " FROM pg_class c WHERE c.oid = '%s'::regclass) - u.pending - u.dead),"
+	        " u.oldest,"
+	        " (SELECT count(*) FROM blocked),"
+	        " (SELECT ordering_key FROM blocked ORDER BY seq LIMIT 1),"
+	        " (SELECT extract(epoch FROM now() - created_at)::float8 FROM blocked"
+	        "  ORDER BY seq LIMIT 1),"
+	        " pg_relation_size('%s'::regclass) / current_setting('block_size')::bigint"
+	        " FROM (SELECT count(*) FILTER (WHERE attempts < $1::int) AS pending,"
+	        " count(*) FILTER (WHERE attempts < $1::int AND locked_until >= now()) AS leased,"
+	        " count(*) FILTER (WHERE attempts >= $1::int) AS dead,"
+	        " COALESCE(extract(epoch FROM now() - min(created_at)"
+	        " FILTER (WHERE attempts < $1::int)), 0)::float8 AS oldest"
+	        " FROM %s WHERE published_at IS NULL) u",
+	        cte, s->table, s->table, s->table);
+}
+
+/* The published count is an estimate on a table of more than COUNT_PUBLISHED_MAX_PAGES pages
+ * (see status_sql()); on a smaller one a second statement counts it, reading at most that many
+ * pages. */
 int store_status(struct store *s, struct store_status *st)
 {
-	char cte[ADMIN_SQL_MAX], sql[ADMIN_SQL_MAX * 2], max[16];
+	char sql[ADMIN_SQL_MAX * 2], max[16];
 	const char *params[1] = { max };
 	struct store_status r;
 	PGresult *res = NULL;
+	int64_t pages = 0;
 	int rc;
 
 	memset(&r, 0, sizeof(r));
-	rc = blocked_cte(s, cte, sizeof(cte));
-	if (rc != 0)
-		goto out;
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	if ((rc = build_sql(
-	             s, sql, sizeof(sql),
-	             "WITH u AS (SELECT attempts, locked_until, created_at FROM %s"
-	             " WHERE published_at IS NULL), %s"
-	             " SELECT (SELECT count(*) FROM u WHERE attempts < $1::int),"
-	             " (SELECT count(*) FROM u WHERE attempts < $1::int AND locked_until >= now()),"
-	             " (SELECT count(*) FROM u WHERE attempts >= $1::int),"
-	             " (SELECT count(*) FROM %s WHERE published_at IS NOT NULL),"
-	             " (SELECT COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8"
-	             "  FROM u WHERE attempts < $1::int),"
-	             " (SELECT count(*) FROM blocked),"
-	             " (SELECT ordering_key FROM blocked ORDER BY seq LIMIT 1),"
-	             " (SELECT extract(epoch FROM now() - created_at)::float8 FROM blocked"
-	             "  ORDER BY seq LIMIT 1)",
-	             s->table, cte, s->table)) != 0)
+	if ((rc = status_sql(s, sql, sizeof(sql))) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the status");
 	if (rc != 0)
@@ -99,7 +125,8 @@ int store_status(struct store *s, struct store_status *st)
 	    store_parse_int64(PQgetvalue(res, 0, 2), &r.dead) != 0 ||
 	    store_parse_int64(PQgetvalue(res, 0, 3), &r.published) != 0 ||
 	    parse_double(PQgetvalue(res, 0, 4), &r.oldest_pending_age_s) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 5), &r.blocked_keys) != 0) {
+	    store_parse_int64(PQgetvalue(res, 0, 5), &r.blocked_keys) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 8), &pages) != 0) {
 		store_set_error(s, "status query returned something unreadable");
 		rc = STORE_ERR_QUERY;
 		goto out;
@@ -112,6 +139,23 @@ int store_status(struct store *s, struct store_status *st)
 	}
 	if (r.oldest_pending_age_s < 0)
 		r.oldest_pending_age_s = 0;
+	if (pages <= COUNT_PUBLISHED_MAX_PAGES) {
+		PQclear(res);
+		res = NULL;
+		if ((rc = build_sql(s, sql, sizeof(sql),
+		                    "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
+		                    s->table)) != 0)
+			goto out;
+		rc = store_exec(s, sql, 0, NULL, PGRES_TUPLES_OK, &res,
+		                "could not count published rows");
+		if (rc != 0)
+			goto out;
+		if (store_parse_int64(PQgetvalue(res, 0, 0), &r.published) != 0) {
+			store_set_error(s, "status query returned something unreadable");
+			rc = STORE_ERR_QUERY;
+			goto out;
+		}
+	}
 	*st = r;
 	rc = 0;
 out:
@@ -206,16 +250,36 @@ out:
 	return rc;
 }
 
+/* Dead rows through the pending index, oldest first. $1 = max_attempts, $2 = limit (NULL =
+ * all). */
+static int dead_sql(struct store *s, char *sql, size_t cap)
+{
+	return build_sql(s, sql, cap,
+	                 "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
+	                 " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
+	                 s->table);
+}
+
+/* The key index's head rows that block their key. Parameters as dead_sql(). */
+static int blocked_sql(struct store *s, char *sql, size_t cap)
+{
+	char cte[ADMIN_SQL_MAX];
+	int rc;
+
+	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
+		return rc;
+	return build_sql(
+	        s, sql, cap,
+	        "WITH %s SELECT " LIST_COLUMNS " FROM blocked ORDER BY seq LIMIT $2::bigint", cte);
+}
+
 /* Ownership: *out is filled with a new list (store_list_free()) only on success. */
 int store_dead(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX];
 	int rc;
 
-	if ((rc = build_sql(s, sql, sizeof(sql),
-	                    "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
-	                    " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
-	                    s->table)) != 0)
+	if ((rc = dead_sql(s, sql, sizeof(sql))) != 0)
 		return rc;
 	return run_list(s, sql, limit, out, "could not list dead rows");
 }
@@ -223,15 +287,10 @@ int store_dead(struct store *s, size_t limit, struct store_list *out)
 /* Ownership: as store_dead(). */
 int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
 {
-	char cte[ADMIN_SQL_MAX], sql[ADMIN_SQL_MAX * 2];
+	char sql[ADMIN_SQL_MAX * 2];
 	int rc;
 
-	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
-		return rc;
-	if ((rc = build_sql(s, sql, sizeof(sql),
-	                    "WITH %s SELECT " LIST_COLUMNS
-	                    " FROM blocked ORDER BY seq LIMIT $2::bigint",
-	                    cte)) != 0)
+	if ((rc = blocked_sql(s, sql, sizeof(sql))) != 0)
 		return rc;
 	return run_list(s, sql, limit, out, "could not list blocked keys");
 }
@@ -243,6 +302,16 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
 		return STORE_ERR_QUERY;
 	}
 	return 0;
+}
+
+/* Unpublished rows by id (the primary key) or every dead row (the pending index). $1 = the
+ * ids, or max_attempts. */
+static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
+{
+	return build_sql(s, sql, cap,
+	                 "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
+	                 " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
+	                 s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])");
 }
 
 /* ids are borrowed. A requeue also notifies the channel once, so a relay asleep until its
@@ -269,11 +338,7 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 		if (rc != 0)
 			goto out;
 	}
-	if ((rc = build_sql(
-	             s, sql, sizeof(sql),
-	             "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
-	             " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
-	             s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])")) != 0)
+	if ((rc = requeue_sql(s, all_dead, sql, sizeof(sql))) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not requeue");
 	if (rc != 0)
@@ -326,9 +391,41 @@ out:
 	return rc;
 }
 
+/* One slice of the purge: the oldest published rows past the cut-off, found by walking the
+ * published index (created by migrate) from its oldest entry, so a slice reads about $2 index
+ * entries and the last slice stops at the cut-off instead of walking every row kept for the
+ * retention. The rows are deleted by their tuple ids (a TID scan, whatever the planner
+ * thinks of the rest of the table). $1 = age in ms, $2 = slice size. */
+static int purge_sql(struct store *s, char *sql, size_t cap)
+{
+	return build_sql(s, sql, cap,
+	                 "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
+	                 " WHERE published_at IS NOT NULL"
+	                 " AND published_at < now() - $1::bigint * interval '1 millisecond'"
+	                 " ORDER BY published_at LIMIT $2::int))",
+	                 s->table, s->table);
+}
+
+int store_admin_sql(struct store *s, enum store_admin_sql which, char *out, size_t cap)
+{
+	switch (which) {
+	case STORE_SQL_STATUS:
+		return status_sql(s, out, cap);
+	case STORE_SQL_DEAD:
+		return dead_sql(s, out, cap);
+	case STORE_SQL_BLOCKED:
+		return blocked_sql(s, out, cap);
+	case STORE_SQL_REQUEUE_DEAD:
+		return requeue_sql(s, true, out, cap);
+	case STORE_SQL_PURGE:
+		return purge_sql(s, out, cap);
+	}
+	store_set_error(s, "no such statement");
+	return STORE_ERR_FATAL;
+}
+
 /* Deletes in slices of `batch` rows, each its own short transaction, so that the purge
- * never holds many row locks or one long snapshot while the relay works. Old published rows
- * sit at the low end of seq, which the unique seq index walks in order. */
+ * never holds many row locks or one long snapshot while the relay works. */
 int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                 int64_t *n_deleted)
 {
@@ -339,12 +436,7 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
 
 	snprintf(age, sizeof(age), "%lld", (long long)(older_than_ms > 0 ? older_than_ms : 0));
 	snprintf(lim, sizeof(lim), "%d", batch > 0 ? batch : 1000);
-	if ((rc = build_sql(s, sql, sizeof(sql),
-	                    "DELETE FROM %s WHERE seq IN (SELECT seq FROM %s"
-	                    " WHERE published_at IS NOT NULL"
-	                    " AND published_at < now() - $1::bigint * interval '1 millisecond'"
-	                    " ORDER BY seq LIMIT $2::int)",
-	                    s->table, s->table)) != 0)
+	if ((rc = purge_sql(s, sql, sizeof(sql))) != 0)
 		return rc;
 	for (;;) {
 		PGresult *res = NULL;

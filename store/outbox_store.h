@@ -203,12 +203,15 @@ struct store_status {
 	int64_t pending; /* published_at IS NULL AND attempts < max (leased included) */
 	int64_t leased;
 	int64_t dead;
-	int64_t published;            /* retained published rows */
+	int64_t published;            /* retained published rows: an estimate from the table's
+	                                 statistics on a table over 1 MiB (exact below) */
 	double oldest_pending_age_s;  /* 0 when none */
 	int64_t blocked_keys;         /* keys whose head row is failed-in-backoff or dead */
 	char oldest_blocked_key[256]; /* "" when none */
 	double oldest_blocked_age_s;
 };
+/* Reads the gauges at a cost of O(unpublished rows), never O(table): published is estimated
+ * (live rows by the statistics less the unpublished ones) once the table is over 1 MiB. */
 int store_status(struct store *s, struct store_status *st) __attribute__((warn_unused_result));
 
 /* A listed row (dead rows, blocked keys). Strings owned by the list. */
@@ -251,8 +254,11 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
 /* The DDL for table/channel (DESIGN §1 and the wake-up objects), idempotent. Returns a new
  * string (free()), NULL on out of memory. table must be a valid identifier. */
 char *store_schema_sql(const char *table, const char *channel);
-/* Applies store_schema_sql() and upgrades an older table (AceMQ column set) in place, in one
- * transaction. */
+/* Brings the table and its objects up to date (creates them, adds an older table's missing
+ * columns, replaces an old wake-up function, builds missing indexes CONCURRENTLY), changing
+ * only what the catalog shows missing or different: on an up-to-date table it takes no lock on
+ * the table. Each lock is waited for at most 5 s; then STORE_ERR_QUERY with a message naming
+ * the table and the sessions that hold it, and nothing of that step changed. */
 int store_migrate(struct store *s) __attribute__((warn_unused_result));
 
 #endif

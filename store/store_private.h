@@ -113,6 +113,26 @@ void store_split_table(const char *table, char *schema, size_t schema_len, char 
 /* "schema.base_wakeup" (or "base_wakeup") for a validated table; false when it does not fit. */
 bool store_wakeup_name(const char *table, char *out, size_t len);
 
+/* ---- outbox.c ---- */
+/* NULL when conn's client_encoding passes UTF-8 through unchanged (UTF8, SQL_ASCII), else the
+ * encoding's name (borrowed from conn): the producer and inbox libraries refuse such a
+ * connection. */
+const char *store_client_encoding_refused(PGconn *conn);
+
+/* ---- admin.c ---- */
+/* The operator statements, for tests that EXPLAIN them. */
+enum store_admin_sql {
+	STORE_SQL_STATUS,       /* store_status(): $1 = max_attempts */
+	STORE_SQL_DEAD,         /* store_dead(): $1 = max_attempts, $2 = limit (NULL = all) */
+	STORE_SQL_BLOCKED,      /* store_blocked_keys(): as STORE_SQL_DEAD */
+	STORE_SQL_REQUEUE_DEAD, /* store_requeue(all_dead): $1 = max_attempts */
+	STORE_SQL_PURGE,        /* one slice of store_purge(): $1 = age in ms, $2 = slice size */
+};
+/* Writes the text of statement which, exactly as the store runs it, into out[cap]: 0, or
+ * STORE_ERR_FATAL when it does not fit. */
+int store_admin_sql(struct store *s, enum store_admin_sql which, char *out, size_t cap)
+        __attribute__((warn_unused_result));
+
 /* ---- request.c: requests, answers and errors ---- */
 /* strtoll with end-pointer and errno checks: 0, or -1 when v is not a whole int64. */
 int store_parse_int64(const char *v, int64_t *out);

@@ -1,0 +1,239 @@
+/* The operator statements on a table with a million published rows: the gauges the maintenance
+ * loop reads every few seconds, the dead and blocked lists, requeue --all-dead and the purge
+ * must cost O(unpublished rows) (or O(rows purged)), never a walk of the whole table. EXPLAIN
+ * of the exact statements the store runs (store_admin_sql()) shows no sequential scan of the
+ * table, and the counts are right. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <libpq-fe.h>
+
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+#include "tests/support/harness.h"
+
+#define PUBLISHED 1000000
+#define OLD_ROWS  10000 /* published more than a day ago: the purge's share */
+
+/* EXPLAIN of sql with params, as one text (new string). */
+static char *explain(PGconn *c, const char *sql, int n, const char *const *params)
+{
+	size_t len = strlen(sql) + 16, used = 0, cap = 65536;
+	char *q = malloc(len), *plan = malloc(cap);
+	PGresult *r;
+
+	cr_assert(q && plan);
+	snprintf(q, len, "EXPLAIN %s", sql);
+	r = PQexecParams(c, q, n, NULL, params, NULL, NULL, 0);
+	cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s: %s", q, PQresultErrorMessage(r));
+	plan[0] = '\0';
+	for (int i = 0; i < PQntuples(r) && used < cap - 1; i++)
+		used += (size_t)snprintf(plan + used, cap - used, "%s\n", PQgetvalue(r, i, 0));
+	PQclear(r);
+	free(q);
+	return plan;
+}
+
+/* A sequential scan of table t (not of the flag table or a catalog) anywhere in the plan. */
+static bool scans_table(const char *plan, const char *t)
+{
+	char needle[96];
+	const char *p = plan;
+
+	snprintf(needle, sizeof(needle), "Seq Scan on %s", t);
+	while ((p = strstr(p, needle)) != NULL) {
+		char next = p[strlen(needle)];
+
+		if (next == ' ' || next == '\n' || next == '\0')
+			return true;
+		p += strlen(needle);
+	}
+	return false;
+}
+
+static void check_plan(PGconn *c, struct store *s, enum store_admin_sql which, const char *name,
+                       const char *t, int n, const char *const *params, const char *want_index)
+{
+	char sql[16384];
+	char *plan;
+
+	cr_assert_eq(store_admin_sql(s, which, sql, sizeof(sql)), 0, "%s", store_errmsg(s));
+	plan = explain(c, sql, n, params);
+	cr_assert_not(scans_table(plan, t), "%s walks the whole table:\n%s", name, plan);
+	if (want_index) {
+		cr_assert(strstr(plan, want_index), "%s does not use %s:\n%s", name, want_index,
+		          plan);
+	} else {
+		/* Nor a walk of an index over every row (or every published one). */
+		const char *whole[] = { "_published_idx", "_pkey", "_seq_key" };
+
+		for (size_t i = 0; i < sizeof(whole) / sizeof(whole[0]); i++) {
+			char idx[96];
+
+			snprintf(idx, sizeof(idx), "%s%s", t, whole[i]);
+			cr_assert_null(strstr(plan, idx), "%s walks %s:\n%s", name, idx, plan);
+		}
+	}
+	free(plan);
+}
+
+Test(status_plans, gauges_and_lists_cost_unpublished_rows_only, .timeout = 300)
+{
+	char t[64], idx[96];
+	PGconn *c = harness_pg_connect();
+	struct store_options o;
+	struct store_status st;
+	struct store *s;
+	int64_t n = -1;
+
+	harness_unique_name(t, sizeof(t), "plans");
+	harness_migrate(t);
+	/* One statement: 1,000,000 published rows, the oldest OLD_ROWS of them past a day. The
+	 * wake-up trigger is left out (session_replication_role): it would run a million times at
+	 * commit, and ids in key order keep the primary key's inserts at its right edge. */
+	harness_pg_exec(c, "SET session_replication_role = replica");
+	harness_pg_exec(
+	        c,
+	        "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
+	        " SELECT 'pub-' || lpad(g::text, 7, '0'), 'ex', 'rk', '{}', CASE WHEN g <= %d"
+	        " THEN now() - interval '2 days' + g * interval '1 ms'"
+	        " ELSE now() - interval '1 hour' END FROM generate_series(1, %d) g",
+	        t, OLD_ROWS, PUBLISHED);
+	harness_pg_exec(c, "RESET session_replication_role");
+	/* Unpublished: 20 pending (3 of them leased, one 100 s old), 4 dead, and keyed rows: K1's
+	 * head is dead, K2's head failed and backs off, K3's head is plain pending. */
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
+	                " SELECT 'p-' || g, 'ex', 'rk', '{}' FROM generate_series(1, 20) g",
+	                t);
+	harness_pg_exec(c,
+	                "UPDATE %s SET locked_by = 'x', locked_until = now() + interval '1 minute'"
+	                " WHERE id IN ('p-1', 'p-2', 'p-3')",
+	                t);
+	harness_pg_exec(
+	        c, "UPDATE %s SET created_at = now() - interval '100 seconds' WHERE id = 'p-4'", t);
+	harness_pg_exec(
+	        c,
+	        "INSERT INTO %s (id, exchange_name, routing_key, body, attempts, last_error)"
+	        " SELECT 'd-' || g, 'ex', 'rk', '{}', 3, 'boom' FROM generate_series(1, 4) g",
+	        t);
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key,"
+	                " attempts, available_at) VALUES"
+	                " ('k1-a', 'ex', 'rk', '{}', 'K1', 3, now()),"
+	                " ('k1-b', 'ex', 'rk', '{}', 'K1', 0, now()),"
+	                " ('k2-a', 'ex', 'rk', '{}', 'K2', 1, now() + interval '1 hour'),"
+	                " ('k3-a', 'ex', 'rk', '{}', 'K3', 0, now())",
+	                t);
+	/* The statistics as autovacuum would leave them: wait until the inserts are counted, so
+	 * that ANALYZE's count is not added to a second time, then analyze. */
+	for (int i = 0; i < 300 && harness_pg_int(c,
+	                                          "SELECT COALESCE((SELECT n_tup_ins FROM"
+	                                          " pg_stat_user_tables WHERE relid ="
+	                                          " '%s'::regclass), 0)",
+	                                          t) < PUBLISHED + 28;
+	     i++)
+		harness_sleep_ms(100);
+	harness_pg_exec(c, "ANALYZE %s", t);
+
+	memset(&o, 0, sizeof(o));
+	o.conninfo = harness_pg_conninfo();
+	o.table = t;
+	o.channel = "";
+	o.relay_id = "plans";
+	o.application_name = "outbox-relay test";
+	o.lease_ms = 60000;
+	o.max_attempts = 3;
+	o.batch_size = 100;
+	o.admin = true;
+	s = store_new(&o);
+	cr_assert_not_null(s);
+	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+
+	{
+		const char *max[1] = { "3" };
+		const char *max_lim[2] = { "3", "100" };
+		const char *purge[2] = { "86400000", "5000" };
+
+		check_plan(c, s, STORE_SQL_STATUS, "status", t, 1, max, NULL);
+		check_plan(c, s, STORE_SQL_DEAD, "dead", t, 2, max_lim, NULL);
+		check_plan(c, s, STORE_SQL_BLOCKED, "keys --blocked", t, 2, max_lim, NULL);
+		check_plan(c, s, STORE_SQL_REQUEUE_DEAD, "requeue --all-dead", t, 1, max, NULL);
+		snprintf(idx, sizeof(idx), "%s_published_idx", t);
+		check_plan(c, s, STORE_SQL_PURGE, "purge", t, 2, purge, idx);
+	}
+
+	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
+	cr_assert_eq(st.pending, 20 + 3, "p-1..p-20, k1-b, k2-a and k3-a (leased included)");
+	cr_assert_eq(st.leased, 3);
+	cr_assert_eq(st.dead, 4 + 1, "d-1..d-4 and k1-a");
+	cr_assert_geq(st.oldest_pending_age_s, 99.0);
+	cr_assert_eq(st.blocked_keys, 2, "K1 (dead head) and K2 (head backing off)");
+	cr_assert_str_eq(st.oldest_blocked_key, "K1");
+	/* An estimate from the statistics (ANALYZE samples the table). */
+	cr_assert(st.published > PUBLISHED * 9 / 10 && st.published < PUBLISHED * 11 / 10,
+	          "published %lld, expected about %d", (long long)st.published, PUBLISHED);
+
+	{
+		struct store_list l;
+
+		cr_assert_eq(store_dead(s, 0, &l), 0, "%s", store_errmsg(s));
+		cr_assert_eq(l.n, 5);
+		store_list_free(&l);
+		cr_assert_eq(store_blocked_keys(s, 0, &l), 0, "%s", store_errmsg(s));
+		cr_assert_eq(l.n, 2);
+		cr_assert_str_eq(l.items[0].id, "k1-a");
+		cr_assert_str_eq(l.items[1].id, "k2-a");
+		store_list_free(&l);
+	}
+
+	/* The purge deletes exactly the rows past the retention, oldest first. */
+	cr_assert_eq(store_purge(s, 86400000, 3000, NULL, &n), 0, "%s", store_errmsg(s));
+	cr_assert_eq(n, OLD_ROWS);
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE id LIKE 'pub-%%'", t),
+	             PUBLISHED - OLD_ROWS);
+	cr_assert_eq(store_requeue(s, NULL, 0, true, &n), 0, "%s", store_errmsg(s));
+	cr_assert_eq(n, 5);
+
+	store_free(s);
+	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	PQfinish(c);
+}
+
+/* A small table's published rows are counted, not estimated: right after the inserts, before
+ * any statistics exist. */
+Test(status_plans, small_table_counts_published_rows, .timeout = 120)
+{
+	char t[64];
+	PGconn *c = harness_pg_connect();
+	struct store_options o;
+	struct store_status st;
+	struct store *s;
+
+	harness_unique_name(t, sizeof(t), "plans_small");
+	harness_migrate(t);
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
+	                " SELECT 'pub-' || g, 'ex', 'rk', '{}', CASE WHEN g <= 7 THEN now() END"
+	                " FROM generate_series(1, 10) g",
+	                t);
+	memset(&o, 0, sizeof(o));
+	o.conninfo = harness_pg_conninfo();
+	o.table = t;
+	o.channel = "";
+	o.relay_id = "plans";
+	o.application_name = "outbox-relay test";
+	o.lease_ms = 60000;
+	o.max_attempts = 3;
+	o.admin = true;
+	s = store_new(&o);
+	cr_assert_not_null(s);
+	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
+	cr_assert_eq(st.published, 7);
+	cr_assert_eq(st.pending, 3);
+	store_free(s);
+	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	PQfinish(c);
+}
