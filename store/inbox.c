@@ -42,6 +42,8 @@ static bool text_ok(const char *s, long max_chars)
 static int check_args(PGconn *conn, const char **table, const char *message_id,
                       const char *consumer, char *errbuf, size_t errlen)
 {
+	const char *enc;
+
 	if (!*table)
 		*table = DEFAULT_TABLE;
 	if (!conn) {
@@ -50,6 +52,17 @@ static int check_args(PGconn *conn, const char **table, const char *message_id,
 	}
 	if (!identifier_valid(*table)) {
 		set_err(errbuf, errlen, "invalid table name", *table);
+		return INBOX_ERR_INVALID;
+	}
+	/* Message ids and consumer names go as UTF-8: see store_client_encoding_refused(). */
+	if ((message_id || consumer) && (enc = store_client_encoding_refused(conn)) != NULL) {
+		if (errbuf && errlen > 0)
+			snprintf(
+			        errbuf, errlen,
+			        "the connection's client_encoding is %s, but the inbox sends UTF-8:"
+			        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
+			        " PQsetClientEncoding(conn, \"UTF8\"))",
+			        enc);
 		return INBOX_ERR_INVALID;
 	}
 	if (message_id && !text_ok(message_id, ID_MAX_CHARS)) {

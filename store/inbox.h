@@ -46,8 +46,9 @@ enum inbox_result {
 	INBOX_LOST = 3,    /* inbox_confirm, inbox_forget: there is no unconfirmed claim of yours
 	                      on this message (the lease ran out and another consumer claimed it,
 	                      it was forgotten or purged, or never claimed); nothing changed */
-	INBOX_ERR_INVALID = -1, /* an argument is malformed (see errbuf); nothing was sent, the
-	                           caller's transaction is untouched */
+	INBOX_ERR_INVALID = -1, /* an argument is malformed, or the connection's client_encoding
+	                           is neither UTF8 nor SQL_ASCII (see errbuf); nothing was sent,
+	                           the caller's transaction is untouched */
 	INBOX_ERR_QUERY = -2,   /* the statement failed (see errbuf); the caller's transaction is
 	                           then aborted, as any failed statement aborts it */
 	INBOX_ERR_NOMEM = -3,   /* out of memory (inbox_migrate) */

@@ -27,6 +27,25 @@ static bool text_ok(const char *s, long max_chars)
 	return n >= 0 && (max_chars < 0 || n <= max_chars);
 }
 
+/* The library sends UTF-8 (DESIGN §1: the relay publishes the columns' bytes, and checks them
+ * as UTF-8), so the connection must not convert: on a LATIN1 connection the server would
+ * read each UTF-8 byte as a LATIN1 character and store "café" as "cafÃ©". Refused rather
+ * than converted: the library cannot tell whether the caller's strings are in the
+ * connection's encoding or in UTF-8 (the message says UTF-8), and changing the connection's
+ * client_encoding would change how every other string of the caller's transaction is read.
+ * SQL_ASCII converts nothing either way: UTF-8 is stored as sent (on a UTF8 database the
+ * server still checks it). NULL when fine, else the encoding's name (borrowed from conn). */
+const char *store_client_encoding_refused(PGconn *conn)
+{
+	const char *enc = PQparameterStatus(conn, "client_encoding");
+
+	if (!enc)
+		return "unknown";
+	if (strcmp(enc, "UTF8") == 0 || strcmp(enc, "SQL_ASCII") == 0)
+		return NULL;
+	return enc;
+}
+
 /* A JSON object in outline (the relay checks it fully and marks the row dead if it is not):
  * catches the common mistake of passing an array or a bare value. */
 static bool json_object_ok(const char *s)
@@ -114,6 +133,17 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	}
 	if (!identifier_valid(table)) {
 		set_err(errbuf, errlen, "invalid table name", table);
+		return OUTBOX_ERR_INVALID;
+	}
+	if ((encoding = store_client_encoding_refused(conn)) != NULL) {
+		if (errbuf && errlen > 0)
+			snprintf(
+			        errbuf, errlen,
+			        "the connection's client_encoding is %s, but outbox_add() sends "
+			        "UTF-8:"
+			        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
+			        " PQsetClientEncoding(conn, \"UTF8\"))",
+			        encoding);
 		return OUTBOX_ERR_INVALID;
 	}
 	id_len = m->id ? strlen(m->id) : 0;

@@ -33,14 +33,18 @@ struct outbox_message {
 enum outbox_result {
 	OUTBOX_ADDED = 0,        /* a new row was inserted */
 	OUTBOX_DUPLICATE = 1,    /* a row with this id exists already; nothing changed */
-	OUTBOX_ERR_INVALID = -1, /* the message or table name is malformed (see errbuf) */
+	OUTBOX_ERR_INVALID = -1, /* the message or table name is malformed, or the connection's
+	                            client_encoding is neither UTF8 nor SQL_ASCII (see errbuf);
+	                            nothing was sent */
 	OUTBOX_ERR_QUERY = -2,   /* the INSERT failed (see errbuf); the caller's transaction is
 	                            then aborted, as any failed statement aborts it */
 	OUTBOX_ERR_NOMEM = -3,
 };
 
 /* Inserts m into table (NULL = "outbox"; a plain or schema-qualified identifier) with
- * INSERT ... ON CONFLICT (id) DO NOTHING on conn. On error writes one line to errbuf
+ * INSERT ... ON CONFLICT (id) DO NOTHING on conn. The strings are UTF-8, so conn must not
+ * convert them: its client_encoding must be UTF8 (or SQL_ASCII, which converts nothing);
+ * any other is refused before anything is sent. On error writes one line to errbuf
  * (if errlen > 0). conn is borrowed; its transaction state is left to the caller. */
 int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
                size_t errlen);

@@ -1,0 +1,85 @@
+/* The producer and inbox libraries send UTF-8: on a connection whose client_encoding converts
+ * (LATIN1) they refuse before sending anything, instead of letting the server store "café" as
+ * "cafÃ©"; UTF8 works as before. Each test uses its own table. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <libpq-fe.h>
+
+#include "store/inbox.h"
+#include "store/outbox.h"
+#include "tests/support/harness.h"
+
+#define CAFE "caf\xc3\xa9" /* "café" in UTF-8 */
+
+static struct outbox_message msg(const char *id)
+{
+	struct outbox_message m = {
+		.id = id,
+		.exchange = "ex",
+		.routing_key = "rk",
+		.body = "{\"name\":\"" CAFE "\"}",
+		.body_len = strlen("{\"name\":\"" CAFE "\"}"),
+	};
+	return m;
+}
+
+Test(producer_encoding, latin1_connection_is_refused_utf8_works, .timeout = 60)
+{
+	char t[64], err[512] = "";
+	PGconn *c = harness_pg_connect();
+	struct outbox_message m = msg(CAFE "-1");
+	char *got;
+
+	harness_unique_name(t, sizeof(t), "enc");
+	harness_migrate(t);
+
+	cr_assert_eq(PQsetClientEncoding(c, "LATIN1"), 0, "%s", PQerrorMessage(c));
+	harness_pg_exec(c, "BEGIN");
+	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ERR_INVALID,
+	             "a LATIN1 connection must be refused: %s", err);
+	cr_assert(strstr(err, "LATIN1") && strstr(err, "UTF8"),
+	          "the message names the encoding and what to do: %s", err);
+	cr_assert_eq(PQtransactionStatus(c), PQTRANS_INTRANS, "nothing was sent");
+	harness_pg_exec(c, "ROLLBACK");
+
+	/* The same through SET: libpq learns the new value from the server. */
+	harness_pg_exec(c, "SET client_encoding TO 'LATIN1'");
+	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ERR_INVALID, "%s", err);
+
+	harness_pg_exec(c, "SET client_encoding TO 'UTF8'");
+	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	got = harness_pg_string(c, "SELECT id || ' ' || body FROM %s", t);
+	cr_assert_not_null(got);
+	cr_assert_str_eq(got, CAFE "-1 {\"name\":\"" CAFE "\"}", "stored as sent");
+	free(got);
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 1, "only the UTF8 add");
+
+	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	PQfinish(c);
+}
+
+Test(producer_encoding, inbox_refuses_a_converting_connection, .timeout = 60)
+{
+	char t[64], err[512] = "";
+	PGconn *c = harness_pg_connect();
+
+	harness_unique_name(t, sizeof(t), "enc_inbox");
+	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK, "%s", err);
+	harness_pg_exec(c, "SET client_encoding TO 'LATIN1'");
+	cr_assert_eq(inbox_claim(c, t, CAFE, "consumer", 60000, err, sizeof(err)),
+	             INBOX_ERR_INVALID, "%s", err);
+	cr_assert(strstr(err, "LATIN1"), "%s", err);
+	cr_assert_eq(inbox_confirm(c, t, CAFE, "consumer", err, sizeof(err)), INBOX_ERR_INVALID,
+	             "%s", err);
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 0);
+
+	harness_pg_exec(c, "SET client_encoding TO 'UTF8'");
+	cr_assert_eq(inbox_claim(c, t, CAFE, "consumer", 60000, err, sizeof(err)), INBOX_CLAIMED,
+	             "%s", err);
+	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE message_id = '" CAFE "'", t),
+	             1);
+	harness_pg_exec(c, "DROP TABLE %s", t);
+	PQfinish(c);
+}
