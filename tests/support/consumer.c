@@ -38,6 +38,8 @@ struct consumer {
 	size_t n_entries, cap_entries;
 	char **order; /* id of each delivery, arrival order */
 	size_t n_order, cap_order;
+	int64_t *order_ms; /* when each delivery was recorded (CLOCK_MONOTONIC) */
+	size_t cap_order_ms;
 	char last_error[256];
 };
 
@@ -226,6 +228,8 @@ static void record(struct consumer *c, struct consumer_msg *m)
 
 	pthread_mutex_lock(&c->mu);
 	grow((void **)&c->order, &c->cap_order, c->n_order + 1, sizeof(*c->order));
+	grow((void **)&c->order_ms, &c->cap_order_ms, c->n_order + 1, sizeof(*c->order_ms));
+	c->order_ms[c->n_order] = now_ms();
 	c->order[c->n_order++] = dup_str(id);
 	ix = json_object_get(c->index, id);
 	if (ix) {
@@ -407,6 +411,7 @@ static void free_consumer(struct consumer *c)
 		free(c->order[i]);
 	free(c->entries);
 	free(c->order);
+	free(c->order_ms);
 	json_decref(c->index);
 	pthread_mutex_destroy(&c->mu);
 	free(c->url);
@@ -555,6 +560,21 @@ const char **consumer_order(struct consumer *c, size_t *n)
 	*n = c->n_order;
 	pthread_mutex_unlock(&c->mu);
 	return ids;
+}
+
+size_t consumer_deliveries(struct consumer *c, size_t from, const char **ids, int64_t *at_ms,
+                           size_t max)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = from; i < c->n_order && n < max; i++, n++) {
+		ids[n] = c->order[i];
+		if (at_ms)
+			at_ms[n] = c->order_ms[i];
+	}
+	pthread_mutex_unlock(&c->mu);
+	return n;
 }
 
 const char **consumer_lost(struct consumer *c, const char *const *expected, size_t n,

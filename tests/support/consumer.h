@@ -75,6 +75,13 @@ size_t consumer_count(struct consumer *c, const char *id);
 /* Ids of all deliveries in arrival order (duplicates repeat); new array of *n borrowed
  * strings: free() the array only. */
 const char **consumer_order(struct consumer *c, size_t *n);
+/* Deliveries number from, from + 1, ... (0 = the first; duplicates repeat) in arrival order:
+ * copies at most max of them into ids (borrowed strings, valid until consumer_stop()) and
+ * at_ms (when the consumer recorded each, CLOCK_MONOTONIC milliseconds; may be NULL).
+ * Returns how many it copied, 0 when nothing arrived past from. Lets a caller follow the
+ * deliveries as they come without copying the whole history each time. */
+size_t consumer_deliveries(struct consumer *c, size_t from, const char **ids, int64_t *at_ms,
+                           size_t max);
 /* Which of the n expected ids never arrived: new array (free()) of borrowed pointers into
  * expected, count in *n_lost. */
 const char **consumer_lost(struct consumer *c, const char *const *expected, size_t n,
