@@ -728,22 +728,18 @@ static int step_failed(struct store *s, const struct names *nm, const struct fou
 	return STORE_ERR_QUERY;
 }
 
-/* Phase one: every change but index builds, in one transaction, each statement waiting at most
- * LOCK_TIMEOUT_S for its lock. All or nothing. */
+/* Phase one: every change but index builds, in the transaction store_migrate() opened, each
+ * statement waiting at most LOCK_TIMEOUT_S for its lock; then COMMIT. All or nothing: on
+ * failure the transaction is rolled back. */
 static int apply_changes(struct store *s, const struct names *nm, const struct found *f,
                          const struct plan *pl)
 {
-	PGresult *res =
-	        run(s, "BEGIN; SELECT set_config('lock_timeout', '" LOCK_TIMEOUT_S "s', true)");
+	PGresult *res = NULL;
 	int rc = 0;
 
-	if (!run_ok(res)) {
-		rc = store_result_error(s, res, "could not migrate the outbox table");
-		PQclear(res);
-		PQclear(run(s, "ROLLBACK"));
-		return rc;
-	}
-	for (size_t i = 0; i < pl->n; i++) {
+	if (pl->n > 0)
+		res = run(s, "SELECT set_config('lock_timeout', '" LOCK_TIMEOUT_S "s', true)");
+	for (size_t i = 0; i < pl->n && run_ok(res); i++) {
 		PQclear(res);
 		res = run(s, pl->c[i].sql);
 		if (!run_ok(res)) {
@@ -754,6 +750,12 @@ static int apply_changes(struct store *s, const struct names *nm, const struct f
 			PQclear(res);
 			return rc;
 		}
+	}
+	if (pl->n > 0 && !run_ok(res)) {
+		PQclear(run(s, "ROLLBACK"));
+		rc = store_result_error(s, res, "could not migrate the outbox table");
+		PQclear(res);
+		return rc;
 	}
 	PQclear(res);
 	res = run(s, "COMMIT");
@@ -792,8 +794,9 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 			res = run(s, sql);
 		}
 		if (run_ok(res)) {
-			snprintf(sql, sizeof(sql), "CREATE INDEX CONCURRENTLY %s%s ON %s %s",
-			         nm->base, indexes[i].suffix, tq, indexes[i].def);
+			snprintf(sql, sizeof(sql),
+			         "CREATE INDEX CONCURRENTLY IF NOT EXISTS %s%s ON %s %s", nm->base,
+			         indexes[i].suffix, tq, indexes[i].def);
 			PQclear(res);
 			res = run(s, sql);
 		}
@@ -809,18 +812,20 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
  * deployment (Compose runs it on each `up`) finds an up-to-date table and takes no lock on
  * it at all. Every lock it does need is waited for at most LOCK_TIMEOUT_S: while a DDL
  * statement waits for a lock, every producer's INSERT queues behind it, so an open
- * transaction on the table must make migrate fail, not stall the application. The advisory
- * lock serialises two migrates of the same table (CREATE ... is not safe against a
- * concurrent create of the same name); it is a session lock because index builds span
- * transactions. */
+ * transaction on the table must make migrate fail, not stall the application. The reading
+ * and the changes share one transaction, which first takes an advisory lock: two migrates of
+ * the same table take turns (CREATE ... is not safe against a concurrent create of the same
+ * name, and the second must see what the first did). A transaction lock, not a session lock:
+ * through a transaction-pooling proxy a session lock would stay behind on a server connection
+ * and hold every later migrate. Index builds come after, outside any transaction. */
 int store_migrate(struct store *s)
 {
-	char key[STORE_NAME_MAX + 32], saved[STORE_ERRMSG_MAX];
+	char key[STORE_NAME_MAX + 32];
 	const char *params[1] = { key };
 	struct plan pl = { .n = 0 };
 	struct names nm;
 	struct found f;
-	bool locked = false;
+	PGresult *res = NULL;
 	int rc;
 
 	rc = store_require_conn(s);
@@ -833,26 +838,23 @@ int store_migrate(struct store *s)
 		goto out;
 	}
 	snprintf(key, sizeof(key), "outbox-relay migrate %s", s->table);
-	rc = store_exec(s, "SELECT pg_advisory_lock(hashtext($1))", 1, params, PGRES_TUPLES_OK,
-	                NULL, "could not take the migrate lock");
-	if (rc != 0)
+	res = run(s, "BEGIN");
+	if (!run_ok(res)) {
+		rc = store_result_error(s, res, "could not migrate the outbox table");
 		goto out;
-	locked = true;
-	if ((rc = inspect(s, &nm, &f)) != 0 || (rc = plan_changes(s, &nm, &f, &pl)) != 0)
+	}
+	if ((rc = store_exec(s, "SELECT pg_advisory_xact_lock(hashtext($1))", 1, params,
+	                     PGRES_TUPLES_OK, NULL, "could not take the migrate lock")) != 0 ||
+	    (rc = inspect(s, &nm, &f)) != 0 || (rc = plan_changes(s, &nm, &f, &pl)) != 0) {
+		if (store_connected(s))
+			PQclear(run(s, "ROLLBACK"));
 		goto out;
-	if (pl.n > 0 && (rc = apply_changes(s, &nm, &f, &pl)) != 0)
+	}
+	if ((rc = apply_changes(s, &nm, &f, &pl)) != 0)
 		goto out;
 	rc = build_indexes(s, &nm, &f, pl.n > 0);
 out:
-	if (locked && store_connected(s)) {
-		snprintf(saved, sizeof(saved), "%s", s->errmsg);
-		if (store_exec(s, "SELECT pg_advisory_unlock(hashtext($1))", 1, params,
-		               PGRES_TUPLES_OK, NULL, "could not release the migrate lock") != 0 &&
-		    rc == 0)
-			rc = STORE_ERR_QUERY;
-		else if (rc != 0)
-			snprintf(s->errmsg, sizeof(s->errmsg), "%s", saved);
-	}
+	PQclear(res);
 	plan_free(&pl);
 	return rc;
 }
