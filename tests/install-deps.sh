@@ -7,7 +7,7 @@ set -euo pipefail
 caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
-	procps iproute2 clang-format)
+	procps iproute2 clang-format pgbouncer)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,7 +21,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "$caller: run it with sudo (or as root) to install them, or install them yourself" >&2
 	exit 1
 fi
-# The packages' postinst scripts would start the distribution's default PostgreSQL and
+# The packages' postinst scripts would start the distribution's default PostgreSQL, PgBouncer and
 # RabbitMQ services; we start our own, so a policy-rc.d denies those starts.
 created_policy=0
 if [ ! -e /usr/sbin/policy-rc.d ]; then
