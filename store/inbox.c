@@ -2,6 +2,7 @@
  * confirmed in the caller's own transaction. One statement per call (two when a claim lost a
  * race) on the caller's connection; everything the server could reject is checked first,
  * because a failed statement would abort the caller's whole transaction. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -176,9 +177,39 @@ char *inbox_schema_sql(const char *table)
 	return out;
 }
 
-/* One multi-statement simple query: outside a transaction block PostgreSQL runs it as one
- * implicit transaction, so the lock is held until the DDL is done. CREATE ... IF NOT EXISTS
- * is not safe against a concurrent create of the same name, hence the lock. */
+/* Whether table and both its indexes exist (valid): then there is nothing to do, and no lock
+ * to take. 1, 0, or an INBOX_ERR_*. */
+static int inbox_current(PGconn *conn, const char *table, char *errbuf, size_t errlen)
+{
+	char base[IDENTIFIER_TABLE_BASE_MAX + 1];
+	const char *params[2] = { table, base };
+	PGresult *res;
+	int rc;
+
+	snprintf(base, sizeof(base), "%s", identifier_base(table));
+	for (char *c = base; *c; c++)
+		*c = (char)tolower((unsigned char)*c); /* as the catalog stores unquoted names */
+	res = PQexecParams(conn,
+	                   "SELECT count(*) FROM pg_index i JOIN pg_class ic"
+	                   " ON ic.oid = i.indexrelid WHERE i.indrelid = to_regclass($1)"
+	                   " AND i.indisvalid AND ic.relname IN ($2 || '_done_idx',"
+	                   " $2 || '_stale_idx')",
+	                   2, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+		rc = query_error(conn, res, "could not read the catalog", errbuf, errlen);
+	else
+		rc = strcmp(PQgetvalue(res, 0, 0), "2") == 0;
+	PQclear(res);
+	return rc;
+}
+
+/* Reads the catalog first: the usual run (every consumer start) finds the table up to date and
+ * takes no lock on it; CREATE INDEX IF NOT EXISTS would take a SHARE lock even when the index
+ * exists, queue behind any open transaction on the table and hold every consumer's claim
+ * behind itself. Otherwise one multi-statement simple query: outside a transaction block
+ * PostgreSQL runs it as one implicit transaction, so the lock is held until the DDL is done
+ * (CREATE ... IF NOT EXISTS is not safe against a concurrent create of the same name, hence
+ * the lock), and each lock is waited for at most 5 s. */
 int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 {
 	char *ddl = NULL, *sql = NULL;
@@ -195,12 +226,17 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 		        table);
 		return INBOX_ERR_INVALID;
 	}
+	rc = inbox_current(conn, table, errbuf, errlen);
+	if (rc < 0)
+		return rc;
+	if (rc == 1)
+		return INBOX_OK;
 	ddl = inbox_schema_sql(table);
 	if (!ddl) {
 		set_err(errbuf, errlen, "out of memory", NULL);
 		return INBOX_ERR_NOMEM;
 	}
-	len = strlen(ddl) + strlen(table) + 128;
+	len = strlen(ddl) + strlen(table) + 192;
 	sql = malloc(len);
 	if (!sql) {
 		set_err(errbuf, errlen, "out of memory", NULL);
@@ -208,11 +244,20 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 		goto out;
 	}
 	snprintf(sql, len,
-	         "SELECT pg_advisory_xact_lock(hashtext('outbox-relay inbox migrate %s'));\n%s",
+	         "SELECT pg_advisory_xact_lock(hashtext('outbox-relay inbox migrate %s'));\n"
+	         "SELECT set_config('lock_timeout', '5s', true);\n%s",
 	         table, ddl);
 	res = PQexec(conn, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		rc = query_error(conn, res, "could not create the inbox table", errbuf, errlen);
+		const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+		rc = query_error(
+		        conn, res,
+		        st && strcmp(st, "55P03") == 0
+		                ? "could not create the inbox table (another transaction held"
+		                  " a lock on it for 5 s; nothing was changed)"
+		                : "could not create the inbox table",
+		        errbuf, errlen);
 		goto out;
 	}
 	rc = INBOX_OK;

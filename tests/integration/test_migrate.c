@@ -9,6 +9,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 
+#include "store/inbox.h"
 #include "tests/support/harness.h"
 
 /* Bounds only against a hang: migrate's lock timeout is 5 s. */
@@ -321,4 +322,24 @@ Test(migrate, wakeup_works_under_any_producer_search_path, .timeout = 120)
 	harness_pg_exec(l, "DROP SCHEMA %s CASCADE", hostile);
 	drop_all(l, t);
 	PQfinish(l);
+}
+
+/* The inbox's migrate, which every consumer runs at start, reads the catalog first too. */
+Test(migrate, inbox_migrate_on_an_up_to_date_table_takes_no_lock, .timeout = 60)
+{
+	char t[64], err[512] = "";
+	PGconn *c = harness_pg_connect(), *holder = harness_pg_connect();
+
+	harness_unique_name(t, sizeof(t), "mig_inbox");
+	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK, "%s", err);
+	harness_pg_exec(holder, "BEGIN");
+	harness_pg_exec(holder, "INSERT INTO %s (message_id) VALUES ('held')", t);
+	/* Bounded: the old migrate waited for a SHARE lock behind the holder. */
+	harness_pg_exec(c, "SET statement_timeout = '3s'");
+	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK,
+	             "an up-to-date inbox waited for a lock: %s", err);
+	harness_pg_exec(holder, "COMMIT");
+	PQfinish(holder);
+	harness_pg_exec(c, "RESET statement_timeout; DROP TABLE %s", t);
+	PQfinish(c);
 }
