@@ -612,6 +612,17 @@ int store_connect(struct store *s)
 		rc = STORE_ERR_CONN;
 		goto out;
 	}
+	/* We ask for UTF8, which converts from any server encoding but SQL_ASCII: there the
+	 * bytes carry no encoding, and a row whose id is not UTF-8 would fail every statement
+	 * that returns it. Ids must come back byte for byte to be marked, so take them raw. */
+	{
+		const char *enc = PQparameterStatus(s->conn, "server_encoding");
+
+		if (enc && strcmp(enc, "SQL_ASCII") == 0 &&
+		    (rc = store_exec(s, "SET client_encoding = 'SQL_ASCII'", 0, NULL,
+		                     PGRES_COMMAND_OK, NULL, "could not set up the session")) != 0)
+			goto out;
+	}
 	/* A new connection may be a new server (a failover): lock lists of the old one say
 	 * nothing here. Keyed rows wait for the first settled sample. */
 	watermark_reset(&s->wm);
