@@ -257,8 +257,10 @@ char *store_schema_sql(const char *table, const char *channel);
 /* Brings the table and its objects up to date (creates them, adds an older table's missing
  * columns, replaces an old wake-up function, builds missing indexes CONCURRENTLY), changing
  * only what the catalog shows missing or different: on an up-to-date table it takes no lock on
- * the table. Each lock is waited for at most 5 s; then STORE_ERR_QUERY with a message naming
- * the table and the sessions that hold it, and nothing of that step changed. */
+ * the table. Each lock a change needs is waited for at most 5 s; then STORE_ERR_QUERY with a
+ * message naming the table and the sessions that hold it, and nothing of that step changed.
+ * (Index builds block nobody: they wait up to 60 s for older transactions, but fail at once
+ * when a transaction has held the table for 5 s already.) */
 int store_migrate(struct store *s) __attribute__((warn_unused_result));
 
 #endif

@@ -677,15 +677,17 @@ static int plan_changes(struct store *s, const struct names *nm, const struct fo
 	return 0;
 }
 
-/* After a lock timeout: who holds a lock on the table or its flag table, as one line
- * ("pid 42 (application_name 'billing', idle in transaction, transaction open 12 s)"), or a
- * sentence saying they are gone. Asked on a connection that is idle again. */
-static void describe_holders(struct store *s, const struct names *nm, const struct found *f,
-                             char *out, size_t len)
+/* Who holds a lock on the table or its flag table in a transaction open for at least
+ * min_age_s, as one line ("pid 42 (application_name 'billing', idle in transaction,
+ * transaction open 12 s)"); false, with a sentence saying they are gone, when nobody does.
+ * Asked on a connection that is idle again. */
+static bool describe_holders(struct store *s, const struct names *nm, const struct found *f,
+                             const char *min_age_s, char *out, size_t len)
 {
 	char table[2 * STORE_NAME_MAX + 8], wake[2 * STORE_NAME_MAX + 16];
-	const char *params[2] = { table, wake };
+	const char *params[3] = { table, wake, min_age_s };
 	PGresult *res = NULL;
+	bool found = false;
 
 	snprintf(table, sizeof(table), "%s.%s", f->qschema, nm->base);
 	snprintf(wake, sizeof(wake), "%s.%s_wakeup", f->qschema, nm->base);
@@ -701,17 +703,22 @@ static void describe_holders(struct store *s, const struct names *nm, const stru
 	               " FROM pg_stat_activity a WHERE a.pid IN (SELECT l.pid FROM pg_locks l"
 	               " WHERE l.locktype = 'relation' AND l.granted"
 	               " AND l.relation IN (to_regclass($1), to_regclass($2))"
-	               " AND l.pid <> pg_backend_pid() LIMIT 4)",
-	               2, params, PGRES_TUPLES_OK, &res, "could not name the lock holders") == 0 &&
-	    PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+	               " AND l.pid <> pg_backend_pid() LIMIT 4)"
+	               " AND COALESCE(a.xact_start <= clock_timestamp() - $3::int"
+	               " * interval '1 second', $3::int = 0)",
+	               3, params, PGRES_TUPLES_OK, &res, "could not name the lock holders") == 0 &&
+	    PQntuples(res) == 1 && !PQgetisnull(res, 0, 0)) {
 		snprintf(out, len, "%s", PQgetvalue(res, 0, 0));
+		found = true;
+	}
 	PQclear(res);
+	return found;
 }
 
 /* Reports a failed step: a lock timeout as one line naming the table and who holds it, any
  * other error as the server's message. after says what state the table was left in. */
 static int step_failed(struct store *s, const struct names *nm, const struct found *f,
-                       PGresult *res, const char *what, const char *after)
+                       PGresult *res, const char *timeout_s, const char *what, const char *after)
 {
 	char holders[300], prefix[256];
 
@@ -720,11 +727,11 @@ static int step_failed(struct store *s, const struct names *nm, const struct fou
 		         what, after);
 		return store_result_error(s, res, prefix);
 	}
-	describe_holders(s, nm, f, holders, sizeof(holders));
+	(void)describe_holders(s, nm, f, "0", holders, sizeof(holders));
 	store_set_error(s,
-	                "could not %s: table '%s' stayed locked for " LOCK_TIMEOUT_S
-	                " s by %s; %s: run migrate again once that transaction has ended",
-	                what, nm->t, holders, after);
+	                "could not %s: table '%s' stayed locked for %s s by %s; %s: run migrate"
+	                " again once that transaction has ended",
+	                what, nm->t, timeout_s, holders, after);
 	return STORE_ERR_QUERY;
 }
 
@@ -746,7 +753,8 @@ static int apply_changes(struct store *s, const struct names *nm, const struct f
 			/* The holders are asked once the transaction is gone, so that its own locks
 			 * are not among them. */
 			PQclear(run(s, "ROLLBACK"));
-			rc = step_failed(s, nm, f, res, pl->c[i].what, "nothing was changed");
+			rc = step_failed(s, nm, f, res, LOCK_TIMEOUT_S, pl->c[i].what,
+			                 "nothing was changed");
 			PQclear(res);
 			return rc;
 		}
@@ -760,7 +768,7 @@ static int apply_changes(struct store *s, const struct names *nm, const struct f
 	PQclear(res);
 	res = run(s, "COMMIT");
 	if (!run_ok(res))
-		rc = step_failed(s, nm, f, res, "commit", "nothing was changed");
+		rc = step_failed(s, nm, f, res, LOCK_TIMEOUT_S, "commit", "nothing was changed");
 	PQclear(res);
 	return rc;
 }
@@ -769,11 +777,19 @@ static int apply_changes(struct store *s, const struct names *nm, const struct f
  * CONCURRENTLY, so producers keep inserting while a large table is indexed: a plain CREATE
  * INDEX would hold their inserts for the whole build. It cannot run in a transaction, so
  * each index is its own step; a build that fails leaves an invalid index behind, which the
- * next migrate drops and builds again. */
+ * next migrate drops and builds again.
+ * A concurrent build takes no lock that producers wait for, but it waits itself: for the
+ * table's writers, and then for every transaction in the database older than its snapshot,
+ * whatever table it works on. So a session that has held the table for LOCK_TIMEOUT_S
+ * already (an application transaction left open) fails it at once, with its name, and the
+ * waits are otherwise given INDEX_LOCK_TIMEOUT_S, time for an unrelated long transaction to
+ * end. */
+#define INDEX_LOCK_TIMEOUT_S "60"
+
 static int build_indexes(struct store *s, const struct names *nm, const struct found *f,
                          bool changed)
 {
-	char sql[1024], what[STORE_NAME_MAX + 32], tq[2 * STORE_NAME_MAX];
+	char sql[1024], what[STORE_NAME_MAX + 32], tq[2 * STORE_NAME_MAX], holders[300];
 	const char *after = changed ? "the other changes were applied" : "nothing else was changed";
 	PGresult *res = NULL;
 	int rc = 0;
@@ -785,8 +801,17 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 		if (f->index[i] == CURRENT)
 			continue;
 		snprintf(what, sizeof(what), "create index %s%s", nm->base, indexes[i].suffix);
+		if (describe_holders(s, nm, f, LOCK_TIMEOUT_S, holders, sizeof(holders))) {
+			store_set_error(
+			        s,
+			        "could not %s: table '%s' has been locked for over " LOCK_TIMEOUT_S
+			        " s by %s; %s: run migrate again once that transaction has ended",
+			        what, nm->t, holders, after);
+			rc = STORE_ERR_QUERY;
+			break;
+		}
 		PQclear(res);
-		res = run(s, "SET lock_timeout = '" LOCK_TIMEOUT_S "s'");
+		res = run(s, "SET lock_timeout = '" INDEX_LOCK_TIMEOUT_S "s'");
 		if (run_ok(res) && f->index[i] == DIFFERENT) {
 			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
 			         f->qschema, nm->base, indexes[i].suffix);
@@ -801,7 +826,7 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 			res = run(s, sql);
 		}
 		if (!run_ok(res))
-			rc = step_failed(s, nm, f, res, what, after);
+			rc = step_failed(s, nm, f, res, INDEX_LOCK_TIMEOUT_S, what, after);
 	}
 	PQclear(res);
 	PQclear(run(s, "RESET lock_timeout"));
@@ -810,9 +835,10 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 
 /* Reads the catalog and changes only what is missing or different, so that the run on every
  * deployment (Compose runs it on each `up`) finds an up-to-date table and takes no lock on
- * it at all. Every lock it does need is waited for at most LOCK_TIMEOUT_S: while a DDL
+ * it at all. Every lock a change needs is waited for at most LOCK_TIMEOUT_S: while a DDL
  * statement waits for a lock, every producer's INSERT queues behind it, so an open
- * transaction on the table must make migrate fail, not stall the application. The reading
+ * transaction on the table must make migrate fail, not stall the application (index builds,
+ * which nobody queues behind, see build_indexes()). The reading
  * and the changes share one transaction, which first takes an advisory lock: two migrates of
  * the same table take turns (CREATE ... is not safe against a concurrent create of the same
  * name, and the second must see what the first did). A transaction lock, not a session lock:

@@ -197,6 +197,9 @@ Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 	harness_pg_exec(c, "DROP INDEX %s_pending_idx", t);
 	holder = hold_insert(t, "mig-holder-2", "held-2");
 	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
+	/* An index build waits for short transactions (it blocks nobody meanwhile); one that has
+	 * held the table for the lock timeout already makes it fail at once. */
+	harness_sleep_ms(5500);
 	run_migrate(&o, t);
 	cr_assert_eq(o.status, 1, "migrate exited %d:\n%s%s", o.status, o.out, o.err);
 	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder-2'") &&
