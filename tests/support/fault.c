@@ -193,3 +193,27 @@ size_t fault_producer_stop(struct fault_producer *p)
 	free(p);
 	return n;
 }
+
+/* ---- broker and proxy shortcuts ---- */
+
+bool fault_memory_alarm(bool on)
+{
+	return harness_shell("%s set_vm_memory_high_watermark %s >/dev/null",
+	                     harness_require_env("RELAY_TEST_RABBITMQCTL"),
+	                     on ? "absolute 1" : "0.4") == 0;
+}
+
+void fault_amqp_env(char *buf, size_t len, int port)
+{
+	const char *amqp = harness_amqp_url();
+	const char *colon = strrchr(amqp, ':');
+
+	cr_assert_not_null(colon, "RELAY_TEST_AMQP has no port: %s", amqp);
+	snprintf(buf, len, "OUTBOX_AMQP_URL=%.*s:%d", (int)(colon - amqp), amqp, port);
+}
+
+void fault_database_env(char *buf, size_t len, int port)
+{
+	/* libpq takes the last value of a repeated keyword: this port wins. */
+	snprintf(buf, len, "OUTBOX_DATABASE_URL=%s port=%d", harness_pg_conninfo(), port);
+}

@@ -44,4 +44,14 @@ size_t fault_producer_committed(struct fault_producer *p);
 /* Stops and frees p; returns the number of rows committed. */
 size_t fault_producer_stop(struct fault_producer *p);
 
+/* Raises (on) or clears RabbitMQ's memory alarm: a high watermark of 1 byte blocks every
+ * publishing connection until the watermark is back to its default. Returns whether
+ * rabbitmqctl succeeded (a test's .fini may call it without failing). */
+bool fault_memory_alarm(bool on);
+
+/* "OUTBOX_AMQP_URL=<RELAY_TEST_AMQP on port>" and "OUTBOX_DATABASE_URL=<RELAY_TEST_PG on
+ * port>" into buf: a relay's connections through a tcp_proxy listening on port. */
+void fault_amqp_env(char *buf, size_t len, int port);
+void fault_database_env(char *buf, size_t len, int port);
+
 #endif
