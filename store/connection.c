@@ -462,6 +462,43 @@ static int probe_query(PGconn *c, const char *sql, int64_t timeout_ms, char **va
 	return rc;
 }
 
+/* One round of the probe below: 1 when it shows a pooler handing server connections around,
+ * 0 when it shows none, -1 when it could not tell. */
+static int probe_round(struct store *s, PGconn *other, int round)
+{
+	static const char get_sql[] =
+	        "SELECT coalesce(current_setting('outbox_relay.pool_probe', true), '')";
+	char nonce[48], set_sql[160], *seen_a = NULL, *seen_b = NULL;
+	int q, rc = -1;
+
+	snprintf(nonce, sizeof(nonce), "%u.%d.%lld", s->token_nonce, round,
+	         (long long)clock_mono_us());
+	snprintf(set_sql, sizeof(set_sql),
+	         "SELECT set_config('outbox_relay.pool_probe', '%s', false)", nonce);
+	if (probe_query(s->conn, set_sql, 10000, NULL) != 0)
+		return -1;
+	/* Give the pooler a moment to take our server connection back into its pool: the
+	 * answer reaches us before it does. */
+	(void)poll(NULL, 0, 20 + 40 * round);
+	/* A statement pooler refuses transaction blocks outright; a server or a session pooler
+	 * never refuses a plain BEGIN. */
+	if (probe_query(other, "BEGIN", 10000, NULL) != 0)
+		return 1;
+	if (probe_query(other, get_sql, 10000, &seen_b) != 0)
+		goto out;
+	q = probe_query(s->conn, get_sql, 5000, &seen_a);
+	(void)probe_query(other, "ROLLBACK", 10000, NULL);
+	if (q == 1 || (seen_b && strcmp(seen_b, nonce) == 0) ||
+	    (q == 0 && seen_a && strcmp(seen_a, nonce) != 0))
+		rc = 1;
+	else if (q == 0)
+		rc = 0;
+out:
+	free(seen_a);
+	free(seen_b);
+	return rc;
+}
+
 /* Behind a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) the
  * relay's session state — LISTEN, session settings, prepared statements — lands on server
  * connections that other clients (the application!) then use, and the wake-up silently stops.
@@ -470,40 +507,27 @@ static int probe_query(PGconn *c, const char *sql, int64_t timeout_ms, char **va
  * meanwhile: a session pooler never shows one client's session to another and keeps our
  * session ours; a transaction pooler hands server connections around (most recently used
  * first), so either the other client sees our setting or we no longer do — or we get no
- * server connection at all while the other client holds one. */
+ * server connection at all while the other client holds one. A few rounds, since a pooler
+ * may not have taken our server connection back yet when the other client asks. */
 static int check_pooler(struct store *s, const char *backend_pid)
 {
-	char nonce[32], set_sql[160], *seen_a = NULL, *seen_b = NULL;
-	const char *get_sql =
-	        "SELECT coalesce(current_setting('outbox_relay.pool_probe', true), '')";
 	struct attempt a = { .n = 0 };
 	char user_timeout[24];
 	PGconn *other = NULL;
-	bool aborted, pooled = false;
-	int rc = 0, q;
+	bool aborted;
+	int rc = 0, seen = 0;
 
 	if ((long)PQbackendPID(s->conn) == strtol(backend_pid, NULL, 10))
 		return 0; /* a direct connection */
-	snprintf(nonce, sizeof(nonce), "%u.%lld", s->token_nonce, (long long)clock_mono_us());
-	snprintf(set_sql, sizeof(set_sql),
-	         "SELECT set_config('outbox_relay.pool_probe', '%s', false)", nonce);
-	if (probe_query(s->conn, set_sql, 10000, NULL) != 0)
-		goto out; /* cannot tell: the relay's own statements will show any trouble */
 	add_defaults(s, &a, user_timeout, sizeof(user_timeout));
 	attempt_add(&a, "dbname", s->opts.conninfo ? s->opts.conninfo : "");
 	a.timeout_ms = 10000;
 	other = connect_once(s, &a, 1, &aborted);
-	if (!other || PQstatus(other) != CONNECTION_OK || PQsetnonblocking(other, 1) != 0 ||
-	    probe_query(other, "BEGIN", 10000, NULL) != 0 ||
-	    probe_query(other, get_sql, 10000, &seen_b) != 0)
-		goto out;
-	q = probe_query(s->conn, get_sql, 5000, &seen_a);
-	(void)probe_query(other, "ROLLBACK", 10000, NULL);
-	pooled = q == 1 || (seen_b && strcmp(seen_b, nonce) == 0) ||
-	         (q == 0 && seen_a && strcmp(seen_a, nonce) != 0);
-	if (q != 0 && !pooled)
-		goto out;
-	if (pooled) {
+	if (!other || PQstatus(other) != CONNECTION_OK || PQsetnonblocking(other, 1) != 0)
+		goto out; /* cannot tell: the relay's own statements will show any trouble */
+	for (int round = 0; round < 3 && seen == 0; round++)
+		seen = probe_round(s, other, round);
+	if (seen == 1) {
 		store_set_error(s, "database.url leads to a connection pooler in transaction or "
 		                   "statement pooling mode (PgBouncer pool_mode=transaction?): the "
 		                   "relay needs a direct connection or session pooling (it LISTENs "
@@ -513,8 +537,6 @@ static int check_pooler(struct store *s, const char *backend_pid)
 out:
 	if (other)
 		PQfinish(other);
-	free(seen_a);
-	free(seen_b);
 	return rc;
 }
 

@@ -180,7 +180,7 @@ Test(pooler, transaction_pooling_is_refused, .timeout = 180)
  * "cannot tell" for "direct". The relay then runs, its LISTEN and prepared statements on
  * whichever server connection the pooler picks. Disabled until the probe takes a refused
  * BEGIN (with a backend pid that is not the session's) for a pooler (store/connection.c). */
-Test(pooler, statement_pooling_is_refused, .timeout = 180, .disabled = true)
+Test(pooler, statement_pooling_is_refused, .timeout = 180)
 {
 	refused_in_mode("statement");
 }
