@@ -131,14 +131,22 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 			goto nomem;
 	}
 	for (int i = 0; i < PQntuples(res); i++) {
-		struct store_row *r = &out->rows[k];
-		const char **dst[] = { &r->id,      &r->exchange,      &r->routing_key,
-			               &r->body,    &r->body_encoding, &r->content_type,
-			               &r->headers, &r->properties,    &r->ordering_key };
+		struct store_row *r;
+		const char **dst[COL_ORDERING_KEY - COL_ID + 1];
 		int64_t v;
 
 		if (PQgetisnull(res, i, COL_SEQ))
-			continue; /* the watermark sample */
+			continue; /* the watermark sample (rows may still be NULL then) */
+		r = &out->rows[k];
+		dst[0] = &r->id;
+		dst[1] = &r->exchange;
+		dst[2] = &r->routing_key;
+		dst[3] = &r->body;
+		dst[4] = &r->body_encoding;
+		dst[5] = &r->content_type;
+		dst[6] = &r->headers;
+		dst[7] = &r->properties;
+		dst[8] = &r->ordering_key;
 		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++) {
 			size_t len = (size_t)PQgetlength(res, i, c);
 			if (PQgetisnull(res, i, c)) {
