@@ -33,7 +33,7 @@ static struct {
 	char conninfo[1024];
 	char table[128];
 	char exchange[128];
-	int n, rate;
+	int n, rate, keys;
 	atomic_bool stop;
 	atomic_size_t failed;
 	struct producer p[SOAK_MAX_PRODUCERS];
@@ -99,7 +99,7 @@ static void plan_txn(struct producer *p, struct txn *t)
 			bool dup;
 
 			do {
-				chosen[i] = (int)(next_rand(&p->rng) % SOAK_KEYS);
+				chosen[i] = (int)(next_rand(&p->rng) % (uint64_t)g.keys);
 				dup = false;
 				for (int j = 0; j < i; j++)
 					dup = dup || chosen[j] == chosen[i];
@@ -136,7 +136,7 @@ static void plan_txn(struct producer *p, struct txn *t)
  * (the COMMIT was sent and no answer came). *commit_ms gets when COMMIT was sent. */
 static int run_txn(struct producer *p, struct txn *t, int64_t *commit_ms)
 {
-	char sql[512], id[32], body[160], key[8];
+	char sql[512], id[32], body[160], key[16];
 	const char *params[5];
 	size_t i = 0;
 	PGresult *res;
@@ -312,8 +312,9 @@ static void *producer_main(void *arg)
 }
 
 void producers_start(const char *conninfo, const char *table, const char *exchange, int n, int rate,
-                     uint64_t seed)
+                     int keys, uint64_t seed)
 {
+	g.keys = keys;
 	snprintf(g.conninfo, sizeof(g.conninfo), "%s", conninfo);
 	snprintf(g.table, sizeof(g.table), "%s", table);
 	snprintf(g.exchange, sizeof(g.exchange), "%s", exchange);

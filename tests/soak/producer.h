@@ -8,9 +8,10 @@
 #include "tests/soak/soak.h"
 
 /* Starts n producer threads (n <= SOAK_MAX_PRODUCERS) committing `rate` rows a second in all
- * into table, routed to exchange ("soak.keyed" / "soak.unkeyed"). The strings are copied. */
+ * into table, routed to exchange ("soak.keyed" / "soak.unkeyed"), keyed rows over `keys`
+ * ordering keys "k00", "k01", ... The strings are copied. */
 void producers_start(const char *conninfo, const char *table, const char *exchange, int n, int rate,
-                     uint64_t seed);
+                     int keys, uint64_t seed);
 /* Stops them once their transaction in progress is settled; returns how many producers
  * gave up on learning a transaction's outcome (0 expected). */
 size_t producers_stop(void);

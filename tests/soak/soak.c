@@ -46,16 +46,17 @@ void soak_usage(void)
 {
 	printf("usage: outbox-soak [--duration D] [--relays 2|3] [--seed N] [--rate R]\n"
 	       "                   [--faults kind,kind,...] [--quiet D] [--drain D] "
-	       "[--producers N] [--keep-going]\n"
+	       "[--producers N] [--keys N] [--keep-going]\n"
 	       "  --duration D   how long faults are injected (default 120s; 500ms, 30s, 5m, 1h)\n"
 	       "  --quiet D      producers go on without faults afterwards (default 45s)\n"
 	       "  --drain D      at most this long for the last rows to arrive (default 180s)\n"
 	       "  --relays N     relay processes, 2 or 3 (default 3)\n"
 	       "  --producers N  producer connections, 1-%d (default 4)\n"
 	       "  --rate R       rows committed per second by all producers (default 300)\n"
+	       "  --keys N       ordering keys the keyed rows are spread over, 1-%d (default 32)\n"
 	       "  --seed N       seed of every random choice (default: from the clock; printed)\n"
 	       "  --faults LIST  a subset of:",
-	       SOAK_MAX_PRODUCERS);
+	       SOAK_MAX_PRODUCERS, SOAK_MAX_KEYS);
 	for (int k = 0; k < SOAK_N_FAULTS; k++)
 		printf(" %s", soak_fault_names[k]);
 	printf(" (default: all)\n"
@@ -138,6 +139,7 @@ int soak_parse_args(int argc, char **argv, struct soak_options *o, char *err, si
 		.relays = 3,
 		.producers = 4,
 		.rate = 300,
+		.keys = 32,
 		.seed = ((uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec) % 1000000000u,
 		.faults = (1u << SOAK_N_FAULTS) - 1,
 	};
@@ -166,6 +168,8 @@ int soak_parse_args(int argc, char **argv, struct soak_options *o, char *err, si
 		else if (strcmp(a, "--producers") == 0)
 			rc = parse_int(v, 1, SOAK_MAX_PRODUCERS, &n) ||
 			     ((o->producers = (int)n), 0);
+		else if (strcmp(a, "--keys") == 0)
+			rc = parse_int(v, 1, SOAK_MAX_KEYS, &n) || ((o->keys = (int)n), 0);
 		else if (strcmp(a, "--rate") == 0)
 			rc = parse_int(v, 1, 100000, &n) || ((o->rate = (int)n), 0);
 		else if (strcmp(a, "--seed") == 0)
@@ -628,8 +632,9 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	worst = soak_recovery(worst_by_kind, &worst_ms);
 	soak_pending_max(&pend_all, &pend_clear);
 	printf("\n==== outbox-soak summary: seed=%" PRIu64 " duration=%.0fs (faults) relays=%d "
-	       "producers=%d rate=%d/s ====\n",
-	       s->o.seed, (double)fault_phase_ms / 1000.0, s->o.relays, s->o.producers, s->o.rate);
+	       "producers=%d rate=%d/s keys=%d ====\n",
+	       s->o.seed, (double)fault_phase_ms / 1000.0, s->o.relays, s->o.producers, s->o.rate,
+	       s->o.keys);
 	printf("%-14s %7s %12s %12s\n", "fault", "count", "worst_rec_s", "dups_after");
 	for (int k = 0; k < SOAK_N_FAULTS; k++) {
 		size_t n = soak_fault_count((enum soak_fault)k);
@@ -647,7 +652,10 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	       t.committed_keyed, t.committed - t.committed_keyed);
 	printf("rows delivered (unique)   %zu (%zu deliveries)\n", t.delivered_unique,
 	       t.deliveries);
-	printf("lost                      %zu\n", t.lost);
+	printf("lost                      %zu (never delivered, and published or gone)\n", t.lost);
+	printf("stuck                     %zu (never delivered, still unpublished when the drain "
+	       "ended)\n",
+	       t.stuck);
 	printf("duplicates                %zu, every one after a fault (by kind above); "
 	       "unexplained: %zu\n",
 	       t.duplicates, soak_failures(CHECK_DUPLICATE));
@@ -680,7 +688,6 @@ static void run(const struct soak_options *o)
 {
 	static struct soak s;
 	int64_t fault_start, fault_ms;
-	size_t missing;
 
 	memset(&s, 0, sizeof(s));
 	s.o = *o;
@@ -689,9 +696,20 @@ static void run(const struct soak_options *o)
 	signal(SIGTERM, on_signal);
 	soak_clock_start();
 	soak_say("outbox-soak seed=%" PRIu64 " duration=%.0fs quiet=%.0fs relays=%d producers=%d "
-	         "rate=%d/s keep_going=%d (repeat with --seed %" PRIu64 ")",
+	         "rate=%d/s keys=%d keep_going=%d (repeat with --seed %" PRIu64 ")",
 	         o->seed, (double)o->duration_ms / 1000.0, (double)o->quiet_ms / 1000.0, o->relays,
-	         o->producers, o->rate, o->keep_going, o->seed);
+	         o->producers, o->rate, o->keys, o->keep_going, o->seed);
+	{
+		/* A relay built with ASan keeps freed memory in a quarantine of 256 MB by default,
+		 * which takes minutes to fill at this rate and would look like a leak to the RSS
+		 * check; 8 MB fills within its warm-up. (The harness passes ASAN_OPTIONS on.) */
+		const char *a = getenv("ASAN_OPTIONS");
+		char opts[1024];
+
+		snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=8", a ? a : "",
+		         a && *a ? ":" : "");
+		setenv("ASAN_OPTIONS", opts, 1);
+	}
 	fixture_setup(&s.fx, "soak", &(struct fixture_options){ .binding = "soak.#" });
 	soak_say("table %s, exchange %s, queue %s; relay logs in ./relay-logs", s.fx.table,
 	         s.fx.exchange, s.fx.queue);
@@ -706,7 +724,7 @@ static void run(const struct soak_options *o)
 	soak_checker_start(s.fx.cons, o->producers);
 	soak_samplers_start(harness_pg_conninfo(), s.fx.table);
 	producers_start(harness_pg_conninfo(), s.fx.table, s.fx.exchange, o->producers, o->rate,
-	                o->seed);
+	                o->keys, o->seed);
 
 	fault_start = soak_ms();
 	fault_phase(&s);
@@ -719,8 +737,6 @@ static void run(const struct soak_options *o)
 	soak_say("producers stopped; draining");
 	drain(&s);
 	soak_checker_stop();
-	if (!soak_all_delivered(&missing))
-		soak_report_lost(20);
 	for (int i = 0; i < o->relays; i++) {
 		int64_t took;
 

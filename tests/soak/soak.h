@@ -15,7 +15,7 @@
 
 #define SOAK_MAX_RELAYS    3
 #define SOAK_MAX_PRODUCERS 8
-#define SOAK_KEYS          32
+#define SOAK_MAX_KEYS      1024
 /* Relay settings the checks depend on (see soak.c for why each). */
 #define SOAK_LEASE_MS            10000
 #define SOAK_CONFIRM_TIMEOUT_MS  3000
@@ -51,6 +51,7 @@ struct soak_options {
 	int relays;
 	int producers;
 	int rate; /* rows per second, all producers together */
+	int keys; /* ordering keys the keyed rows are spread over */
 	uint64_t seed;
 	unsigned faults; /* bit per enum soak_fault */
 	bool keep_going;
@@ -80,6 +81,7 @@ struct soak_row {
 	uint32_t deliveries; /* how many times the consumer got it */
 	int16_t key;         /* -1 unkeyed */
 	bool committed;
+	bool unpublished_at_end; /* still pending in the table when the drain ended */
 };
 
 /* The poison kinds, each a row the relay must make dead and never publish. */
@@ -152,14 +154,14 @@ void soak_checker_stop(void);
 
 struct soak_totals {
 	size_t committed, committed_keyed, delivered_unique, deliveries, duplicates;
-	size_t lost, poison, poison_delivered;
+	size_t lost;  /* never delivered, and published or gone from the table */
+	size_t stuck; /* never delivered, still unpublished when the drain ended */
+	size_t poison, poison_delivered;
 	size_t dup_by_kind[SOAK_N_FAULTS];
 };
 void soak_totals(struct soak_totals *t);
 /* Whether every committed row was delivered (and how many are still missing). */
 bool soak_all_delivered(size_t *missing);
-/* Prints up to max ids committed and never delivered; returns their number. */
-size_t soak_report_lost(size_t max);
 
 /* Worst recovery: for each fault that ended, the first delivery at or after the fault's end
  * of a row whose COMMIT was sent at or after the fault's start, minus the fault's end.
@@ -167,9 +169,10 @@ size_t soak_report_lost(size_t max);
  * after it) and returns the worst fault's number (-1 none). */
 int soak_recovery(int64_t worst_by_kind[SOAK_N_FAULTS], int64_t *worst_ms);
 
-/* The final comparison with the table: keyed rows of each key in seq order against their
- * first deliveries; committed sets equal; good rows published, none dead; poison rows dead
- * with their error and never delivered. pg is the soak's own connection. */
+/* The final comparison with the table: committed rows never delivered, told apart into lost
+ * (published or gone) and stuck (still unpublished); keyed rows of each key in seq order
+ * against their first deliveries; committed sets equal; good rows none dead; poison rows
+ * dead with their error and never delivered. pg is the soak's own connection. */
 struct pg_conn;
 void soak_final_table_check(void *pg, const char *table);
 
