@@ -31,6 +31,9 @@ struct consumer {
 	atomic_bool stop;
 	atomic_int ready; /* 0 connecting, 1 consuming, -1 gave up before the first consume */
 	atomic_size_t connects;
+	struct consumer_options opt;
+	atomic_size_t counted; /* deliveries handled, whatever the options */
+	atomic_bool failed;    /* no_reconnect: the thread ended on an error */
 
 	pthread_mutex_t mu; /* guards everything below */
 	json_t *index;      /* message id -> index into entries */
@@ -49,6 +52,14 @@ static int64_t now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t clock_us(clockid_t clock)
+{
+	struct timespec ts;
+
+	clock_gettime(clock, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 static void sleep_ms(int64_t ms)
@@ -303,6 +314,8 @@ static amqp_connection_state_t open_consumer(struct consumer *c)
 	amqp_basic_qos(conn, 1, 0, CONSUMER_PREFETCH, 0);
 	if ((r = amqp_get_rpc_reply(conn)).reply_type != AMQP_RESPONSE_NORMAL)
 		goto fail;
+	if (c->opt.existing_queue)
+		goto consume;
 	if (c->exchange_type && c->exchange[0]) {
 		step = "exchange.declare";
 		amqp_exchange_declare(conn, 1, amqp_cstring_bytes(c->exchange),
@@ -323,9 +336,10 @@ static amqp_connection_state_t open_consumer(struct consumer *c)
 		if ((r = amqp_get_rpc_reply(conn)).reply_type != AMQP_RESPONSE_NORMAL)
 			goto fail;
 	}
+consume:
 	step = "basic.consume";
-	amqp_basic_consume(conn, 1, amqp_cstring_bytes(c->queue), amqp_empty_bytes, 0, 0, 0,
-	                   amqp_empty_table);
+	amqp_basic_consume(conn, 1, amqp_cstring_bytes(c->queue), amqp_empty_bytes, 0,
+	                   c->opt.no_ack ? 1 : 0, 0, amqp_empty_table);
 	if ((r = amqp_get_rpc_reply(conn)).reply_type != AMQP_RESPONSE_NORMAL)
 		goto fail;
 	free(url);
@@ -349,6 +363,43 @@ static void cleanup_broker(struct consumer *c, amqp_connection_state_t conn)
 	}
 }
 
+/* Hands env to on_delivery and records it (unless count_only); env is destroyed here. */
+static void deliver(struct consumer *c, amqp_envelope_t *env)
+{
+	struct consumer_msg *m = NULL;
+
+	if (c->opt.on_delivery) {
+		/* Stamped before anything else is done with the delivery, so the time is when
+		 * it arrived, not when the consumer got round to it. */
+		struct consumer_delivery d = {
+			.n = atomic_load(&c->counted) + 1,
+			.mono_us = clock_us(CLOCK_MONOTONIC),
+			.real_us = clock_us(CLOCK_REALTIME),
+			.body = env->message.body.bytes,
+			.body_len = env->message.body.len,
+		};
+
+		c->opt.on_delivery(&d, c->opt.arg);
+	}
+	if (!c->opt.count_only)
+		m = copy_envelope(env);
+	amqp_destroy_envelope(env);
+	if (m)
+		record(c, m);
+	atomic_fetch_add(&c->counted, 1);
+}
+
+/* no_reconnect: the consumer ends here, with the error for consumer_failed(). */
+static bool give_up(struct consumer *c)
+{
+	if (!c->opt.no_reconnect)
+		return false;
+	atomic_store(&c->failed, true);
+	if (atomic_load(&c->ready) == 0)
+		atomic_store(&c->ready, -1);
+	return true;
+}
+
 static void *consumer_main(void *arg)
 {
 	struct consumer *c = arg;
@@ -362,6 +413,8 @@ static void *consumer_main(void *arg)
 		if (conn == NULL) {
 			conn = open_consumer(c);
 			if (conn == NULL) {
+				if (give_up(c))
+					break;
 				sleep_ms(200);
 				continue;
 			}
@@ -371,16 +424,18 @@ static void *consumer_main(void *arg)
 		amqp_maybe_release_buffers(conn);
 		r = amqp_consume_message(conn, &env, &tv, 0);
 		if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-			struct consumer_msg *m = copy_envelope(&env);
 			uint64_t tag = env.delivery_tag;
 
-			amqp_destroy_envelope(&env);
-			record(c, m);
+			deliver(c, &env);
+			if (c->opt.no_ack)
+				continue;
 			/* Acked after recording: a delivery lost with the connection comes back as a
 			 * redelivery, counted as a duplicate, never missing. */
 			if (amqp_basic_ack(conn, 1, tag, 0) != AMQP_STATUS_OK) {
 				amqp_destroy_connection(conn);
 				conn = NULL;
+				if (give_up(c))
+					break;
 			}
 			continue;
 		}
@@ -392,10 +447,13 @@ static void *consumer_main(void *arg)
 		set_error(c, "consume", r);
 		amqp_destroy_connection(conn);
 		conn = NULL;
+		if (give_up(c))
+			break;
 		sleep_ms(100);
 	}
 	if (conn) {
-		cleanup_broker(c, conn);
+		if (!c->opt.existing_queue)
+			cleanup_broker(c, conn);
 		amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
 		amqp_destroy_connection(conn);
 	}
@@ -425,6 +483,14 @@ static void free_consumer(struct consumer *c)
 int consumer_open(struct consumer **out, const char *url, const char *queue, const char *exchange,
                   const char *exchange_type, const char *routing_key, char *err, size_t errlen)
 {
+	return consumer_open_with(out, url, queue, exchange, exchange_type, routing_key, NULL, err,
+	                          errlen);
+}
+
+int consumer_open_with(struct consumer **out, const char *url, const char *queue,
+                       const char *exchange, const char *exchange_type, const char *routing_key,
+                       const struct consumer_options *opt, char *err, size_t errlen)
+{
 	struct consumer *c = calloc(1, sizeof(*c));
 	int64_t deadline;
 
@@ -442,12 +508,17 @@ int consumer_open(struct consumer **out, const char *url, const char *queue, con
 	atomic_init(&c->stop, false);
 	atomic_init(&c->ready, 0);
 	atomic_init(&c->connects, 0);
+	atomic_init(&c->counted, 0);
+	atomic_init(&c->failed, false);
+	if (opt)
+		c->opt = *opt;
 	if (pthread_create(&c->thread, NULL, consumer_main, c) != 0) {
 		snprintf(err, errlen, "could not start the consumer thread");
 		free_consumer(c);
 		return -1;
 	}
-	deadline = now_ms() + CONSUMER_START_MS;
+	deadline = now_ms() +
+	           (c->opt.start_timeout_ms > 0 ? c->opt.start_timeout_ms : CONSUMER_START_MS);
 	while (atomic_load(&c->ready) == 0 && now_ms() < deadline)
 		sleep_ms(10);
 	if (atomic_load(&c->ready) != 1) {
@@ -485,6 +556,8 @@ size_t consumer_received(struct consumer *c)
 {
 	size_t n;
 
+	if (c->opt.count_only)
+		return atomic_load(&c->counted);
 	pthread_mutex_lock(&c->mu);
 	n = c->n_order;
 	pthread_mutex_unlock(&c->mu);
@@ -506,6 +579,18 @@ size_t consumer_reconnects(struct consumer *c)
 	size_t n = atomic_load(&c->connects);
 
 	return n > 0 ? n - 1 : 0;
+}
+
+bool consumer_failed(struct consumer *c, char *err, size_t errlen)
+{
+	if (!atomic_load(&c->failed))
+		return false;
+	if (err && errlen > 0) {
+		pthread_mutex_lock(&c->mu);
+		snprintf(err, errlen, "%s", c->last_error[0] ? c->last_error : "unknown error");
+		pthread_mutex_unlock(&c->mu);
+	}
+	return true;
 }
 
 bool consumer_wait_unique(struct consumer *c, size_t n, int64_t timeout_ms)

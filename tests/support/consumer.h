@@ -53,12 +53,55 @@ struct consumer;
 int consumer_open(struct consumer **out, const char *url, const char *queue, const char *exchange,
                   const char *exchange_type, const char *routing_key, char *err, size_t errlen)
         __attribute__((warn_unused_result));
+/* One delivery as consumer_options.on_delivery sees it, on the consumer's thread. */
+struct consumer_delivery {
+	size_t n;         /* 1 for the first delivery of this consumer, then 2, 3, ... */
+	int64_t mono_us;  /* CLOCK_MONOTONIC when rabbitmq-c returned it, in microseconds */
+	int64_t real_us;  /* CLOCK_REALTIME at the same moment (to compare with a sender's clock) */
+	const char *body; /* borrowed for the call only; may hold NUL bytes, not NUL-terminated */
+	size_t body_len;
+};
+typedef void (*consumer_delivery_fn)(const struct consumer_delivery *d, void *arg);
+
+/* What consumer_open_with() does differently from consumer_open(); all zero (or a NULL
+ * pointer) is consumer_open()'s behaviour. For programs that measure rather than check, such
+ * as the benchmark: a consumer that keeps up with a broker at full speed. */
+struct consumer_options {
+	/* basic.consume with no-ack: the broker pushes without waiting for acks. A delivery in
+	 * flight when the connection drops is lost, not redelivered. */
+	bool no_ack;
+	/* Deliveries are counted (consumer_received()) and passed to on_delivery, not copied:
+	 * consumer_unique(), consumer_find(), consumer_order() and the like see none of them.
+	 * Memory stays flat however many arrive. */
+	bool count_only;
+	/* Consume `queue` as it is: no exchange or queue is declared or bound (exchange,
+	 * exchange_type and routing_key are ignored) and consumer_stop() deletes nothing. */
+	bool existing_queue;
+	/* No reconnection: the first error, at the start or later, ends the consumer's thread;
+	 * consumer_failed() then says so. */
+	bool no_reconnect;
+	/* How long consumer_open_with() waits for the first basic.consume; 0 = 20 s. */
+	int64_t start_timeout_ms;
+	/* Called for every delivery before it counts in consumer_received(), so a thread that
+	 * sees the count also sees what on_delivery stored for those deliveries. Must be quick:
+	 * the consumer reads nothing while it runs. NULL = none. */
+	consumer_delivery_fn on_delivery;
+	void *arg;
+};
+
+/* consumer_open() with options (opt may be NULL: then the same as consumer_open(); it is
+ * copied, arg is borrowed until consumer_stop()). */
+int consumer_open_with(struct consumer **out, const char *url, const char *queue,
+                       const char *exchange, const char *exchange_type, const char *routing_key,
+                       const struct consumer_options *opt, char *err, size_t errlen)
+        __attribute__((warn_unused_result));
 /* consumer_open() for the criterion tests: returns the new consumer or fails the current test
  * with the error. Defined in consumer_assert.c, which needs criterion. */
 struct consumer *consumer_start(const char *url, const char *queue, const char *exchange,
                                 const char *exchange_type, const char *routing_key);
-/* Stops the thread, deletes the queue (and the exchange it declared), frees everything;
- * accepts NULL. Pointers obtained from c are invalid afterwards. */
+/* Stops the thread, deletes the queue (and the exchange it declared; neither with
+ * existing_queue), frees everything; accepts NULL. Pointers obtained from c are invalid
+ * afterwards. */
 void consumer_stop(struct consumer *c);
 
 /* Waits until n distinct message ids arrived; false after timeout_ms. */
@@ -67,6 +110,9 @@ size_t consumer_received(struct consumer *c);   /* deliveries, duplicates includ
 size_t consumer_unique(struct consumer *c);     /* distinct message ids */
 size_t consumer_duplicates(struct consumer *c); /* received - unique */
 size_t consumer_reconnects(struct consumer *c); /* connections made after the first */
+/* Whether a consumer opened with no_reconnect has ended on an error; the error goes into err
+ * (may be NULL). Always false for the others, which reconnect instead. */
+bool consumer_failed(struct consumer *c, char *err, size_t errlen);
 
 /* First delivery of id, or NULL. Borrowed (see struct consumer_msg). */
 const struct consumer_msg *consumer_find(struct consumer *c, const char *id);
