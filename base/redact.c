@@ -224,7 +224,7 @@ static enum kw_class classify(const char *kw, size_t len, bool percent)
  * which libpq expands in some calls: "host=h password=x" or "postgresql://u:x@h/db". */
 static bool holds_conninfo(const char *p, size_t len, bool percent)
 {
-	char buf[512];
+	char buf[512] = ""; /* initialised for GCC 12 at -O1, which cannot see n bounds the reads */
 	size_t n = 0;
 
 	if (!percent)
