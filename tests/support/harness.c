@@ -1,19 +1,18 @@
 /* Test harness: environment, names, PostgreSQL helpers, the relay process under test and
  * the service controls used by the integration and fault tests (see harness.h). */
 #include "tests/support/harness.h"
+#include "tests/support/process.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -23,11 +22,6 @@ extern char **environ;
 
 /* Cap on a formatted SQL statement or command line; tests build small ones. */
 #define HARNESS_SQL_MAX (64 * 1024)
-#define HARNESS_ENV_MAX 64
-/* Processes of one test running at once (relays, programs, commands); far above any test. */
-#define HARNESS_MAX_CHILDREN 256
-/* How long the exit handler waits for the processes it killed before giving up on them. */
-#define HARNESS_EXIT_REAP_MS 10000
 
 const char *harness_require_env(const char *name)
 {
@@ -400,300 +394,44 @@ void harness_insert_rows(PGconn *c, const char *table, size_t n, const char *exc
 
 /* ---- processes ---- */
 
-struct envlist {
-	char *v[HARNESS_ENV_MAX + 1];
-	int n;
-};
-
-/* Adds or replaces NAME=value (by name), so a test's settings override the defaults. */
-static void env_set(struct envlist *e, const char *kv)
+/* The relay's clean environment (process_env_relay()) with this test's servers. */
+static void build_env(struct process_env *e, const char *table, const char *const *extra)
 {
-	const char *eq = strchr(kv, '=');
-	size_t nlen = eq ? (size_t)(eq - kv) : strlen(kv);
-	char *copy = strdup(kv);
+	const char *pg = harness_pg_conninfo(), *amqp = harness_amqp_url();
 
-	cr_assert_not_null(copy);
-	for (int i = 0; i < e->n; i++) {
-		if (strncmp(e->v[i], kv, nlen) == 0 && e->v[i][nlen] == '=') {
-			free(e->v[i]);
-			e->v[i] = copy;
-			return;
-		}
-	}
-	cr_assert(e->n < HARNESS_ENV_MAX, "too many environment variables");
-	e->v[e->n++] = copy;
-	e->v[e->n] = NULL;
+	cr_assert_eq(process_env_relay(e, pg, amqp, table, extra), 0,
+	             "could not build the environment (more than %d variables, or one too long)",
+	             PROCESS_ENV_MAX);
 }
 
-static void env_setf(struct envlist *e, const char *name, const char *value)
-{
-	char buf[4096];
-	int n = snprintf(buf, sizeof(buf), "%s=%s", name, value);
-
-	cr_assert(n > 0 && (size_t)n < sizeof(buf), "environment value too long for %s", name);
-	env_set(e, buf);
-}
-
-static void env_inherit(struct envlist *e, const char *name)
-{
-	const char *v = getenv(name);
-
-	if (v)
-		env_setf(e, name, v);
-}
-
-static void env_free(struct envlist *e)
-{
-	for (int i = 0; i < e->n; i++)
-		free(e->v[i]);
-	e->n = 0;
-}
-
-/* The relay reads every OUTBOX_* variable, so the child gets only what we choose: an
- * inherited OUTBOX_ variable from a developer's shell would silently change the test. */
-static void build_env(struct envlist *e, const char *table, const char *const *extra)
-{
-	e->n = 0;
-	e->v[0] = NULL;
-	env_setf(e, "PATH", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
-	env_setf(e, "HOME", getenv("HOME") ? getenv("HOME") : "/tmp");
-	env_inherit(e, "ASAN_OPTIONS");
-	env_inherit(e, "UBSAN_OPTIONS");
-	env_inherit(e, "LSAN_OPTIONS");
-	env_inherit(e, "TSAN_OPTIONS");
-	env_setf(e, "OUTBOX_DATABASE_URL", harness_pg_conninfo());
-	env_setf(e, "OUTBOX_AMQP_URL", harness_amqp_url());
-	if (table) {
-		env_setf(e, "OUTBOX_DATABASE_TABLE", table);
-		env_setf(e, "OUTBOX_DATABASE_CHANNEL", table);
-	}
-	env_set(e, "OUTBOX_HTTP_LISTEN=");
-	env_set(e, "OUTBOX_LOG_LEVEL=info");
-	for (const char *const *p = extra; p && *p; p++)
-		env_set(e, *p);
-}
-
-/* ---- every process the harness starts ends with the test process ----
- *
- * A failed cr_assert ends criterion's test worker with exit(); a crash, an abort in .init or
- * a timeout (criterion's runner signals the worker) end it without. Either way a relay it
- * started must not outlive it: it would go on claiming rows of a table nobody drops and hold
- * the machine's cores. Two guards:
- * - every child is registered until it is reaped, and an exit handler SIGKILLs and reaps the
- *   ones still registered when the process exits (the cr_assert path, and tests that forgot);
- * - every child asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG), which
- *   covers the deaths no handler sees. The kernel sends it when the *thread* that forked
- *   exits, not the process, so every fork happens on one thread of the harness's own that
- *   lives until the process ends, whichever thread asked for the process.
- * Threads of the test (consumers, proxies, producers) do not hold the process up: exit()
- * ends them without a join, and the exit handler touches none of them. */
-
-static pthread_mutex_t children_mu = PTHREAD_MUTEX_INITIALIZER;
-static pid_t children[HARNESS_MAX_CHILDREN]; /* started, not reaped yet */
-static size_t n_children;
-
-/* One fork request, handed to the spawner thread. */
-struct spawn_req {
-	char *const *argv;
-	char *const *envp;
-	int out, err;
-	pid_t pid; /* the child, or -1 with err_no */
-	int err_no;
-	bool done;
-};
-
-static pthread_mutex_t spawn_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t spawn_cv = PTHREAD_COND_INITIALIZER;
-static struct spawn_req *spawn_pending; /* guarded by spawn_mu; one request at a time */
-static pid_t spawner_of;                /* the process whose spawner thread runs; 0 = none */
-
-static void children_remove(pid_t pid)
-{
-	pthread_mutex_lock(&children_mu);
-	for (size_t i = 0; i < n_children; i++) {
-		if (children[i] == pid) {
-			children[i] = children[--n_children];
-			break;
-		}
-	}
-	pthread_mutex_unlock(&children_mu);
-}
-
-/* Runs in the process's exit path: no criterion calls (the test is over) and a bounded wait,
- * so a child stuck in the kernel cannot hold the exit up either. */
-static void kill_children(void)
-{
-	pid_t pids[HARNESS_MAX_CHILDREN];
-	size_t n, left;
-	int64_t deadline;
-
-	if (spawner_of != getpid())
-		return; /* a copy of the handler in a forked child that never exec'd */
-	pthread_mutex_lock(&children_mu);
-	n = n_children;
-	memcpy(pids, children, n * sizeof(pids[0]));
-	n_children = 0;
-	pthread_mutex_unlock(&children_mu);
-	if (n == 0)
-		return;
-	for (size_t i = 0; i < n; i++)
-		kill(pids[i], SIGKILL);
-	deadline = harness_now_ms() + HARNESS_EXIT_REAP_MS;
-	do {
-		left = 0;
-		for (size_t i = 0; i < n; i++) {
-			if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == 0)
-				left++;
-			else
-				pids[i] = 0;
-		}
-		if (left > 0)
-			harness_sleep_ms(10);
-	} while (left > 0 && harness_now_ms() < deadline);
-	fprintf(stderr, "harness: killed %zu process(es) still running at exit%s\n", n,
-	        left > 0 ? ", some not reaped" : "");
-}
-
-/* In the child between fork and execve: only async-signal-safe calls, the test process has
- * threads. */
-static void exec_child(const struct spawn_req *req, pid_t parent)
-{
-	sigset_t none;
-	int devnull;
-
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* The test process may have died before the line above: then no signal will come. (A
-	 * forking thread that ended early would go unnoticed here, as getppid() names the
-	 * process: hence the spawner thread, which never ends.) */
-	if (getppid() != parent)
-		_exit(127);
-	/* The spawner thread's mask is the test thread's at its creation; a relay must start
-	 * with every signal deliverable, SIGTERM above all. */
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
-	devnull = open("/dev/null", O_RDONLY);
-	if (devnull >= 0)
-		dup2(devnull, 0);
-	dup2(req->out, 1);
-	dup2(req->err, 2);
-	execve(req->argv[0], req->argv, req->envp);
-	_exit(127);
-}
-
-/* The spawner thread: forks whatever is asked, for as long as the process lives. */
-static void *spawner_main(void *arg)
-{
-	(void)arg;
-	pthread_mutex_lock(&spawn_mu);
-	for (;;) {
-		struct spawn_req *req;
-		pid_t parent = getpid();
-
-		while (spawn_pending == NULL || spawn_pending->done)
-			pthread_cond_wait(&spawn_cv, &spawn_mu);
-		req = spawn_pending;
-		pthread_mutex_lock(&children_mu);
-		if (n_children == HARNESS_MAX_CHILDREN) {
-			req->pid = -1;
-			req->err_no = EAGAIN;
-		} else {
-			req->pid = fork();
-			req->err_no = errno;
-			if (req->pid == 0)
-				exec_child(req, parent);
-			if (req->pid > 0)
-				children[n_children++] = req->pid;
-		}
-		pthread_mutex_unlock(&children_mu);
-		req->done = true;
-		pthread_cond_broadcast(&spawn_cv);
-	}
-	return NULL;
-}
-
-/* fork + exec with stdout/stderr to the given files (err_path NULL = same as out), on the
- * spawner thread; the child is registered until reaped (reap()). */
+/* process_spawn() with stdout/stderr to the given files (err_path NULL = same as out). Every
+ * process the harness starts ends with the test process (see process.h). */
 static pid_t spawn(char *const argv[], char *const envp[], const char *out_path,
                    const char *err_path)
 {
-	struct spawn_req req = { .argv = argv, .envp = envp };
-	int rc = 0;
+	int out, err, err_no;
+	pid_t pid;
 
-	req.out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	cr_assert(req.out >= 0, "cannot open %s: %s", out_path, strerror(errno));
-	req.err =
-	        err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : req.out;
-	cr_assert(req.err >= 0, "cannot open %s: %s", err_path, strerror(errno));
-	fflush(NULL);
-	pthread_mutex_lock(&spawn_mu);
-	/* Once per process: the worker criterion forks for a test starts without the thread. */
-	if (spawner_of != getpid()) {
-		pthread_attr_t attr;
-		pthread_t t;
-
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		rc = pthread_create(&t, &attr, spawner_main, NULL);
-		pthread_attr_destroy(&attr);
-		if (rc == 0) {
-			spawner_of = getpid();
-			rc = atexit(kill_children);
-		}
-	}
-	if (rc == 0) {
-		while (spawn_pending != NULL)
-			pthread_cond_wait(&spawn_cv, &spawn_mu);
-		spawn_pending = &req;
-		pthread_cond_broadcast(&spawn_cv);
-		while (!req.done)
-			pthread_cond_wait(&spawn_cv, &spawn_mu);
-		spawn_pending = NULL;
-		pthread_cond_broadcast(&spawn_cv);
-	}
-	pthread_mutex_unlock(&spawn_mu);
-	close(req.out);
-	if (req.err != req.out)
-		close(req.err);
-	cr_assert(rc == 0, "cannot start the harness's spawner thread");
-	cr_assert(req.pid > 0, "fork failed: %s", strerror(req.err_no));
-	return req.pid;
-}
-
-static int decode_status(int st)
-{
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return -1;
+	out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	cr_assert(out >= 0, "cannot open %s: %s", out_path, strerror(errno));
+	err = err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : out;
+	cr_assert(err >= 0, "cannot open %s: %s", err_path, strerror(errno));
+	pid = process_spawn(argv, envp, out, err);
+	err_no = errno;
+	close(out);
+	if (err != out)
+		close(err);
+	cr_assert(pid > 0, "cannot start %s: %s", argv[0], strerror(err_no));
+	return pid;
 }
 
 /* Waits for pid up to timeout_ms; returns the decoded status or -1 while still running. */
 static int wait_pid(pid_t pid, int64_t timeout_ms)
 {
-	int64_t deadline = harness_now_ms() + timeout_ms;
-	int st;
+	int st = process_wait(pid, timeout_ms, NULL);
 
-	for (;;) {
-		pid_t r = waitpid(pid, &st, WNOHANG);
-
-		if (r == pid) {
-			children_remove(pid);
-			return decode_status(st);
-		}
-		cr_assert(r == 0, "waitpid failed: %s", strerror(errno));
-		if (harness_now_ms() >= deadline)
-			return -1;
-		harness_sleep_ms(10);
-	}
-}
-
-/* SIGKILL and reap a child that overran its time. */
-static void kill_pid(pid_t pid)
-{
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	children_remove(pid);
+	cr_assert(st != -2, "waitpid failed: %s", strerror(errno));
+	return st;
 }
 
 static void log_dir(char *buf, size_t len)
@@ -712,7 +450,7 @@ static struct harness_relay *start_process(const char *bin, const char *first_ar
 	static unsigned seq;
 	struct harness_relay *r = calloc(1, sizeof(*r));
 	char *argv[32];
-	struct envlist e;
+	struct process_env e = { 0 };
 	char dir[64];
 	int argc = 0;
 
@@ -731,7 +469,7 @@ static struct harness_relay *start_process(const char *bin, const char *first_ar
 	argv[argc] = NULL;
 	build_env(&e, table, env);
 	r->pid = spawn(argv, e.v, r->log_path, NULL);
-	env_free(&e);
+	process_env_free(&e);
 	return r;
 }
 
@@ -887,7 +625,7 @@ void harness_cli(struct harness_output *o, const char *table, const char *const 
 	static unsigned seq;
 	char out_path[256], err_path[256], dir[64];
 	char *argv[32];
-	struct envlist e;
+	struct process_env e = { 0 };
 	va_list ap;
 	int argc = 0;
 	const char *a;
@@ -906,10 +644,10 @@ void harness_cli(struct harness_output *o, const char *table, const char *const 
 	argv[argc] = NULL;
 	build_env(&e, table, env);
 	pid = spawn(argv, e.v, out_path, err_path);
-	env_free(&e);
+	process_env_free(&e);
 	o->status = wait_pid(pid, 60000);
 	if (o->status < 0)
-		kill_pid(pid);
+		process_kill(pid);
 	o->out = read_file(out_path);
 	o->err = read_file(err_path);
 	unlink(out_path);
@@ -944,7 +682,7 @@ int harness_shell(const char *fmt, ...)
 	pid = spawn(argv, environ, out_path, NULL);
 	st = wait_pid(pid, 180000);
 	if (st < 0)
-		kill_pid(pid);
+		process_kill(pid);
 	if (st != 0) {
 		char *out = read_file(out_path);
 
