@@ -1,6 +1,7 @@
 /* Test harness: environment, names, PostgreSQL helpers, the relay process under test and
  * the service controls used by the integration and fault tests (see harness.h). */
 #include "tests/support/harness.h"
+#include "tests/support/pgsql.h"
 #include "tests/support/process.h"
 
 #include <criterion/criterion.h>
@@ -128,26 +129,13 @@ bool harness_wait_until(harness_cond_fn cond, void *arg, int64_t timeout_ms)
 
 /* ---- PostgreSQL ---- */
 
-/* Server notices ("already exists, skipping" from idempotent DDL) are expected in tests and
- * would only bury the failure output. */
-static void quiet_notices(void *arg, const char *message)
-{
-	(void)arg;
-	(void)message;
-}
-
 PGconn *harness_pg_connect(void)
 {
-	PGconn *c = PQconnectdb(harness_pg_conninfo());
+	char msg[512];
+	PGconn *c = pgsql_connect(harness_pg_conninfo(), msg, sizeof(msg));
 
-	if (PQstatus(c) != CONNECTION_OK) {
-		char msg[512];
-
-		snprintf(msg, sizeof(msg), "%s", PQerrorMessage(c));
-		PQfinish(c);
+	if (c == NULL)
 		cr_assert_fail("could not connect to RELAY_TEST_PG: %s", msg);
-	}
-	PQsetNoticeProcessor(c, quiet_notices, NULL);
 	return c;
 }
 
@@ -179,20 +167,14 @@ static char *vformat(const char *fmt, va_list ap)
 	return s;
 }
 
-/* Runs sql; on failure copies the message into err and returns -1. */
-static int exec_sql(PGconn *c, const char *sql, char *err, size_t errlen)
+/* Fails the test with what went wrong and the head of the statement; frees sql. */
+static void fail_sql(const char *what, const char *err, char *sql)
 {
-	PGresult *res = PQexec(c, sql);
-	ExecStatusType st = PQresultStatus(res);
-	int rc = 0;
+	char head[200];
 
-	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-		if (errlen > 0)
-			snprintf(err, errlen, "%s", PQerrorMessage(c));
-		rc = -1;
-	}
-	PQclear(res);
-	return rc;
+	snprintf(head, sizeof(head), "%s", sql);
+	free(sql);
+	cr_assert_fail("%s%s\n  statement: %s", what, err, head);
 }
 
 void harness_pg_exec(PGconn *c, const char *fmt, ...)
@@ -205,14 +187,9 @@ void harness_pg_exec(PGconn *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	sql = vformat(fmt, ap);
 	va_end(ap);
-	rc = exec_sql(c, sql, err, sizeof(err));
-	if (rc != 0) {
-		char head[200];
-
-		snprintf(head, sizeof(head), "%s", sql);
-		free(sql);
-		cr_assert_fail("SQL failed: %s\n  statement: %s", err, head);
-	}
+	rc = pgsql_exec(c, sql, err, sizeof(err));
+	if (rc != 0)
+		fail_sql("SQL failed: ", err, sql);
 	free(sql);
 }
 
@@ -225,63 +202,38 @@ int harness_pg_try_exec(PGconn *c, char *err, size_t errlen, const char *fmt, ..
 	va_start(ap, fmt);
 	sql = vformat(fmt, ap);
 	va_end(ap);
-	rc = exec_sql(c, sql, err, errlen);
+	rc = pgsql_exec(c, sql, err, errlen);
 	free(sql);
 	return rc;
 }
 
-/* Runs a query expected to return rows; fails the test otherwise. */
-static PGresult *query(PGconn *c, const char *sql)
-{
-	PGresult *res = PQexec(c, sql);
-
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		char msg[1024], head[200];
-
-		snprintf(msg, sizeof(msg), "%s", PQerrorMessage(c));
-		snprintf(head, sizeof(head), "%s", sql);
-		PQclear(res);
-		cr_assert_fail("query failed: %s\n  query: %s", msg, head);
-	}
-	return res;
-}
-
 int64_t harness_pg_int(PGconn *c, const char *fmt, ...)
 {
+	char err[1024];
 	va_list ap;
-	PGresult *res;
-	char *sql, *end;
-	long long v;
+	char *sql;
+	int64_t v;
 
 	va_start(ap, fmt);
 	sql = vformat(fmt, ap);
 	va_end(ap);
-	res = query(c, sql);
+	if (pgsql_int(c, sql, &v, err, sizeof(err)) != 0)
+		fail_sql("", err, sql);
 	free(sql);
-	cr_assert(PQntuples(res) > 0 && !PQgetisnull(res, 0, 0), "query returned no value");
-	errno = 0;
-	v = strtoll(PQgetvalue(res, 0, 0), &end, 10);
-	cr_assert(errno == 0 && *end == '\0', "not an integer: '%s'", PQgetvalue(res, 0, 0));
-	PQclear(res);
 	return v;
 }
 
 char *harness_pg_string(PGconn *c, const char *fmt, ...)
 {
+	char err[1024], *sql, *s;
 	va_list ap;
-	PGresult *res;
-	char *sql, *s = NULL;
 
 	va_start(ap, fmt);
 	sql = vformat(fmt, ap);
 	va_end(ap);
-	res = query(c, sql);
+	if (pgsql_string(c, sql, &s, err, sizeof(err)) != 0)
+		fail_sql("", err, sql);
 	free(sql);
-	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
-		s = strdup(PQgetvalue(res, 0, 0));
-		cr_assert_not_null(s);
-	}
-	PQclear(res);
 	return s;
 }
 
