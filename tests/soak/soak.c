@@ -269,7 +269,7 @@ static void relay_start(struct soak *s, int i)
 	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", sl->listen);
 	snprintf(e_id, sizeof(e_id), "OUTBOX_RELAY_ID=soak-%d-%d", i, ++sl->starts);
 	sl->r = harness_relay_start(s->fx.table, env, NULL);
-	sl->life = soak_life_begin(i, sl->r->pid);
+	sl->life = soak_life_begin(i, sl->r->pid, sl->r->log_path);
 }
 
 static void relay_restart_after_death(struct soak *s, int i)
@@ -422,7 +422,6 @@ static void insert_poison(struct soak *s, int round, char ids[POISON_N][64])
 	harness_pg_exec(pg, "COMMIT");
 	for (int k = 0; k < POISON_N; k++)
 		soak_poison_add(ids[k], (enum soak_poison)k);
-	soak_rss_big_row(5 * 1024);
 }
 
 static int64_t poison_dead(struct soak *s, int round)
@@ -620,6 +619,23 @@ static void drain(struct soak *s)
 	harness_sleep_ms(3000);
 }
 
+/* Waits until the consumer has had nothing new for 2 s (at most 20 s). */
+static void settle_deliveries(struct consumer *c)
+{
+	int64_t end = soak_ms() + 20000;
+	size_t last = consumer_received(c);
+
+	while (soak_ms() < end) {
+		size_t now;
+
+		harness_sleep_ms(2000);
+		now = consumer_received(c);
+		if (now == last)
+			break;
+		last = now;
+	}
+}
+
 static void print_summary(struct soak *s, int64_t fault_phase_ms)
 {
 	struct soak_totals t;
@@ -676,7 +692,7 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	       "s)\n",
 	       s->terms, s->terms_ok, (double)s->term_slowest_ms / 1000.0,
 	       (double)(SOAK_SHUTDOWN_TIMEOUT_MS + 1000 + TERM_SLACK_MS) / 1000.0);
-	soak_rss_report();
+	soak_rss_report("relay-logs/soak-rss.csv");
 	printf("\nchecks failed:");
 	for (int c = 0; c < SOAK_N_CHECKS; c++)
 		printf(" %s=%zu", soak_check_names[c], soak_failures((enum soak_check)c));
@@ -736,7 +752,6 @@ static void run(const struct soak_options *o)
 		soak_fail(CHECK_HARNESS, "a producer never learned whether a COMMIT went through");
 	soak_say("producers stopped; draining");
 	drain(&s);
-	soak_checker_stop();
 	for (int i = 0; i < o->relays; i++) {
 		int64_t took;
 
@@ -744,6 +759,10 @@ static void run(const struct soak_options *o)
 			relay_restart_after_death(&s, i);
 		relay_term(&s, i, &took);
 	}
+	/* A relay stopping publishes and marks what it had in flight: the checker goes on
+	 * until those deliveries are in, or a row marked published now would look lost. */
+	settle_deliveries(s.fx.cons);
+	soak_checker_stop();
 	soak_samplers_stop();
 	soak_final_table_check(main_pg(&s), s.fx.table);
 	print_summary(&s, fault_ms);

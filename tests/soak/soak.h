@@ -182,7 +182,8 @@ void soak_status_pending(int64_t pending, int64_t leased, int64_t dead, double o
 /* ---- samplers ---- */
 
 /* Every relay process life, for the RSS check. */
-int soak_life_begin(int slot, pid_t pid);
+/* log_path: the relay's log (copied), read at the end to see which big rows it made dead. */
+int soak_life_begin(int slot, pid_t pid, const char *log_path);
 void soak_life_end(int life);
 /* RSS every 2 s of each live relay; pending age every 5 s on a connection of its own. */
 void soak_samplers_start(const char *conninfo, const char *table);
@@ -190,11 +191,9 @@ void soak_samplers_stop(void);
 /* Worst oldest-pending age seen, overall and while faults had been clear for
  * SOAK_PENDING_CLEAR_MS. */
 void soak_pending_max(double *overall_s, double *clear_s);
-/* Prints the RSS table and fails CHECK_RSS for lives that grew past the bound. */
-void soak_rss_report(void);
-/* A row of big_kb was inserted now: a relay that reads it keeps buffers that size (libpq's
- * input buffer, the batch buffer), a step the RSS check allows once. */
-void soak_rss_big_row(long big_kb);
+/* Prints the RSS table and fails CHECK_RSS for lives that grew past the bound; writes every
+ * sample to csv_path ("life,slot,pid,t_ms,rss_kb") when it is not NULL. */
+void soak_rss_report(const char *csv_path);
 /* Latest RSS of the life (kB), 0 unknown. */
 long soak_life_rss(int life);
 
