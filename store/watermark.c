@@ -89,7 +89,8 @@ void watermark_sample(struct watermark *wm, int64_t w, const watermark_vxid *hol
 		wm->stuck = wm->ncand > 0;
 		return;
 	}
-	memcpy(now, holders, n * sizeof(*now));
+	if (n > 0) /* holders may be NULL when there are none */
+		memcpy(now, holders, n * sizeof(*now));
 	n = sort_unique(now, n);
 
 	/* Any candidate, not only the oldest: a later W whose holders have all ended is settled
