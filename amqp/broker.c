@@ -1699,16 +1699,46 @@ static int channel_gone(struct broker *b)
 	return lost(b);
 }
 
+/* Reads a decimal number at *p and moves *p past it; false when there is none or it does not
+ * fit (strtoull, never sscanf: an overflowing %llu is undefined). */
+static bool read_number(const char **p, unsigned long long *out)
+{
+	char *end;
+
+	if (**p < '0' || **p > '9')
+		return false;
+	errno = 0;
+	*out = strtoull(*p, &end, 10);
+	if (errno != 0)
+		return false;
+	*p = end;
+	return true;
+}
+
+/* Skips text at *p when it is there; false otherwise. */
+static bool skip(const char **p, const char *text)
+{
+	size_t n = strlen(text);
+
+	if (strncmp(*p, text, n) != 0)
+		return false;
+	*p += n;
+	return true;
+}
+
 /* "PRECONDITION_FAILED - message size 5242880 is larger than configured max size 4194304"
  * (RabbitMQ 3.10; "max size" without "configured" at the hard limit). */
 static bool size_limit(const char *text, unsigned long long *size, unsigned long long *limit)
 {
 	const char *p = strstr(text, "message size ");
 
-	return p != NULL &&
-	       (sscanf(p, "message size %llu is larger than configured max size %llu", size,
-	               limit) == 2 ||
-	        sscanf(p, "message size %llu is larger than max size %llu", size, limit) == 2);
+	if (p == NULL)
+		return false;
+	p += strlen("message size ");
+	if (!read_number(&p, size) || !skip(&p, " is larger than "))
+		return false;
+	(void)skip(&p, "configured ");
+	return skip(&p, "max size ") && read_number(&p, limit);
 }
 
 /* Row i closed the channel. A body over max_message_size can never be published: dead,
