@@ -15,6 +15,7 @@
 #include "relay/http.h"
 #include "relay/log.h"
 #include "relay/metrics.h"
+#include "relay/notify.h"
 #include "relay/relay.h"
 #include "store/outbox_store.h"
 
@@ -141,6 +142,13 @@ static void release_leases(const struct config *cfg)
 	store_free(s);
 }
 
+/* A loop that has not ticked for this long is stuck (/healthz and the watchdog): a few polls
+ * and a whole confirm wait beyond what a working loop ever takes between ticks. */
+static int64_t stale_after_ms(const struct config *cfg)
+{
+	return 5 * cfg->relay_poll_interval_ms + cfg->amqp_confirm_timeout_ms + 10000;
+}
+
 /* Stops like a signal would (a start-up failure, or the main loop's own decision). */
 static void begin_stop(const struct config *cfg)
 {
@@ -240,11 +248,10 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	}
 
 	atomic_store(&g_metrics.workers, nworkers);
+	notify_setup(stale_after_ms(cfg));
 	if (cfg->http_listen[0]) {
-		int64_t stale =
-		        5 * cfg->relay_poll_interval_ms + cfg->amqp_confirm_timeout_ms + 10000;
-
-		http = http_start(cfg->http_listen, stale, OUTBOX_VERSION, err, sizeof(err));
+		http = http_start(cfg->http_listen, stale_after_ms(cfg), OUTBOX_VERSION, err,
+		                  sizeof(err));
 		if (!http) {
 			log_event(LOG_ERROR, "http", "could not start the HTTP endpoint",
 			          LOG_STR("listen", cfg->http_listen), LOG_STR("error", err));
@@ -275,16 +282,20 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	while (!atomic_load(&g_relay.stopping)) {
 		struct pollfd p = { .fd = wake_pipe[0], .events = POLLIN };
 
-		(void)poll(&p, 1, 1000);
+		/* Four times a second: readiness and the watchdog are reported promptly. */
+		(void)poll(&p, 1, 250);
+		notify_tick();
 		if (clock_mono_ms() - last_ms >= SUMMARY_INTERVAL_MS)
 			summary(&last_pub, &last_fail, &last_ms);
 	}
 	rc = 0;
 out:
 	if (started > 0 || rc != 0) {
-		if (rc == 0)
+		if (rc == 0) {
 			log_event(LOG_INFO, "relay", "stopping: waiting for outstanding confirms",
 			          LOG_MS("timeout", cfg->relay_shutdown_timeout_ms));
+			notify_stopping(atomic_load(&g_relay.failed) ? "cannot relay" : "signal");
+		}
 		begin_stop(cfg);
 	}
 	if (started > 0)

@@ -7,7 +7,7 @@ set -euo pipefail
 caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
-	procps iproute2 util-linux clang-format pgbouncer clang cppcheck)
+	procps iproute2 util-linux clang-format pgbouncer clang cppcheck libsystemd-dev)
 
 missing=()
 for p in "${packages[@]}"; do
