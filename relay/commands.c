@@ -1,6 +1,6 @@
-/* The one-shot commands: schema, migrate, enqueue, status, dead, requeue, discard, keys,
- * purge, config, healthcheck. Each opens what it needs, does one thing, and says what it did
- * on stdout (errors on stderr, one line). */
+/* The one-shot operator commands: schema, migrate, status, dead, requeue, discard, keys, purge,
+ * config, healthcheck (enqueue has a file of its own). Each opens what it needs, does one
+ * thing, and says what it did on stdout (errors on stderr, one line). */
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -10,34 +10,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "relay/command.h"
 #include "relay/http.h"
 #include "relay/relay.h"
 #include "store/outbox.h"
 #include "store/outbox_store.h"
 
-#define MAX_BODY_FILE (64L * 1024 * 1024)
-
-static void admin_options(const struct config *cfg, struct store_options *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->conninfo = cfg->database_url;
-	o->table = cfg->database_table;
-	o->channel = cfg->database_channel;
-	o->relay_id = cfg->relay_id;
-	o->application_name = "outbox-relay admin";
-	o->lease_ms = cfg->relay_lease_ms;
-	o->max_attempts = (int)cfg->relay_max_attempts;
-	o->skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
-	o->batch_size = (int)cfg->relay_batch_size;
-	o->admin = true;
-}
-
-/* Opens an admin connection or says why not. Returns NULL on failure (already reported). */
-static struct store *admin_open(const struct config *cfg, struct store_options *o)
+struct store *command_admin_open(const struct config *cfg, struct store_options *o)
 {
 	struct store *s;
 
-	admin_options(cfg, o);
+	relay_store_options(cfg, NULL, true, "outbox-relay admin", o);
 	s = store_new(o);
 	if (!s) {
 		fputs("outbox-relay: out of memory\n", stderr);
@@ -52,14 +35,14 @@ static struct store *admin_open(const struct config *cfg, struct store_options *
 	return s;
 }
 
-static int store_failed(struct store *s, const char *doing)
+int command_store_failed(struct store *s, const char *doing)
 {
 	fprintf(stderr, "outbox-relay: could not %s: %s\n", doing, store_errmsg(s));
 	store_free(s);
 	return 1;
 }
 
-static bool has_flag(int argc, char **argv, const char *flag)
+bool command_has_flag(int argc, char **argv, const char *flag)
 {
 	for (int i = 0; i < argc; i++)
 		if (strcmp(argv[i], flag) == 0)
@@ -67,8 +50,7 @@ static bool has_flag(int argc, char **argv, const char *flag)
 	return false;
 }
 
-/* Collects the words after --id (until the next --flag) into ids. Returns the count. */
-static size_t collect_ids(int argc, char **argv, const char **ids)
+size_t command_collect_ids(int argc, char **argv, const char **ids)
 {
 	size_t n = 0;
 
@@ -81,7 +63,7 @@ static size_t collect_ids(int argc, char **argv, const char **ids)
 	return n;
 }
 
-static int unknown_args(int argc, char **argv, const char *const *known, const char *cmd)
+int command_unknown_args(int argc, char **argv, const char *const *known, const char *cmd)
 {
 	for (int i = 0; i < argc; i++) {
 		bool ok = false;
@@ -130,172 +112,14 @@ int command_migrate(const struct config *cfg, int argc, char **argv)
 		fputs("outbox-relay: migrate takes no arguments\n", stderr);
 		return 2;
 	}
-	s = admin_open(cfg, &o);
+	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
 	if (store_migrate(s) < 0)
-		return store_failed(s, "migrate");
+		return command_store_failed(s, "migrate");
 	printf("table %s is up to date\n", cfg->database_table);
 	store_free(s);
 	return 0;
-}
-
-/* "k=v" into obj; returns -1 when there is no '='. */
-static int add_pair(json_t *obj, const char *kv)
-{
-	const char *eq = strchr(kv, '=');
-	char key[256];
-	size_t klen;
-
-	if (!eq || eq == kv)
-		return -1;
-	klen = (size_t)(eq - kv);
-	if (klen >= sizeof(key))
-		return -1;
-	memcpy(key, kv, klen);
-	key[klen] = '\0';
-	return json_object_set_new(obj, key, json_string(eq + 1));
-}
-
-int command_enqueue(const struct config *cfg, int argc, char **argv)
-{
-	static const char *const known[] = {
-		"--exchange", "--routing-key",  "--body",  "--body-file",
-		"--header",   "--property",     "--delay", "--ordering-key",
-		"--id",       "--content-type", NULL
-	};
-	struct outbox_message m;
-	json_t *headers = json_object(), *props = json_object();
-	char *headers_s = NULL, *props_s = NULL, *file_body = NULL;
-	char idbuf[40], err[512];
-	const char *body_file = NULL;
-	PGconn *conn = NULL;
-	int rc = 2, r;
-
-	memset(&m, 0, sizeof(m));
-	if (!headers || !props)
-		goto out;
-	if (unknown_args(argc, argv, known, "enqueue"))
-		goto out;
-	for (int i = 0; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-
-		if (strncmp(a, "--", 2) != 0)
-			continue;
-		if (!v) {
-			fprintf(stderr, "outbox-relay: enqueue: %s needs a value\n", a);
-			goto out;
-		}
-		i++;
-		if (strcmp(a, "--exchange") == 0) {
-			m.exchange = v;
-		} else if (strcmp(a, "--routing-key") == 0) {
-			m.routing_key = v;
-		} else if (strcmp(a, "--body") == 0) {
-			m.body = v;
-			m.body_len = strlen(v);
-		} else if (strcmp(a, "--body-file") == 0) {
-			body_file = v;
-		} else if (strcmp(a, "--header") == 0 || strcmp(a, "--property") == 0) {
-			if (add_pair(a[2] == 'h' ? headers : props, v) < 0) {
-				fprintf(stderr,
-				        "outbox-relay: enqueue: %s wants key=value, got '%s'\n", a,
-				        v);
-				goto out;
-			}
-		} else if (strcmp(a, "--delay") == 0) {
-			if (config_parse_duration(v, &m.delay_ms) < 0) {
-				fprintf(stderr,
-				        "outbox-relay: enqueue: --delay: not a duration: '%s' "
-				        "(allowed: 500ms, 30s, 5m, 2h, 7d or seconds)\n",
-				        v);
-				goto out;
-			}
-		} else if (strcmp(a, "--ordering-key") == 0) {
-			m.ordering_key = v;
-		} else if (strcmp(a, "--id") == 0) {
-			m.id = v;
-		} else if (strcmp(a, "--content-type") == 0) {
-			m.content_type = v;
-		}
-	}
-	if (!m.exchange || !m.routing_key || (!m.body && !body_file)) {
-		fputs("outbox-relay: enqueue needs --exchange, --routing-key and --body or "
-		      "--body-file\n",
-		      stderr);
-		goto out;
-	}
-	if (body_file) {
-		int read_err = 0;
-
-		file_body = config_read_file(body_file, MAX_BODY_FILE, &m.body_len, &read_err);
-		if (!file_body) {
-			fprintf(stderr,
-			        "outbox-relay: enqueue: could not read --body-file '%s': %s\n",
-			        body_file, strerror(read_err));
-			rc = 1;
-			goto out;
-		}
-		m.body = file_body;
-	}
-	if (!m.id) {
-		/* A random v4-style UUID: ids only need to be unique. */
-		unsigned char rnd[16];
-		FILE *ur = fopen("/dev/urandom", "rb");
-
-		if (!ur || fread(rnd, 1, sizeof(rnd), ur) != sizeof(rnd)) {
-			if (ur)
-				fclose(ur);
-			fputs("outbox-relay: enqueue: could not read /dev/urandom\n", stderr);
-			rc = 1;
-			goto out;
-		}
-		fclose(ur);
-		rnd[6] = (unsigned char)((rnd[6] & 0x0f) | 0x40);
-		rnd[8] = (unsigned char)((rnd[8] & 0x3f) | 0x80);
-		snprintf(idbuf, sizeof(idbuf),
-		         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-		         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7], rnd[8],
-		         rnd[9], rnd[10], rnd[11], rnd[12], rnd[13], rnd[14], rnd[15]);
-		m.id = idbuf;
-	}
-	headers_s = json_dumps(headers, JSON_COMPACT);
-	props_s = json_dumps(props, JSON_COMPACT);
-	if (!headers_s || !props_s) {
-		rc = 1;
-		goto out;
-	}
-	m.headers_json = headers_s;
-	m.properties_json = props_s;
-
-	conn = PQconnectdb(cfg->database_url);
-	if (PQstatus(conn) != CONNECTION_OK) {
-		char *msg = PQerrorMessage(conn);
-		size_t l = strlen(msg);
-
-		while (l > 0 && msg[l - 1] == '\n')
-			msg[--l] = '\0';
-		fprintf(stderr, "outbox-relay: could not connect to the database: %s\n", msg);
-		rc = 1;
-		goto out;
-	}
-	r = outbox_add(conn, cfg->database_table, &m, err, sizeof(err));
-	if (r < 0) {
-		fprintf(stderr, "outbox-relay: enqueue: %s\n", err);
-		rc = r == OUTBOX_ERR_INVALID ? 2 : 1;
-		goto out;
-	}
-	printf("%s %s\n", r == OUTBOX_DUPLICATE ? "exists" : "enqueued", m.id);
-	rc = 0;
-out:
-	if (conn)
-		PQfinish(conn);
-	json_decref(headers);
-	json_decref(props);
-	free(headers_s);
-	free(props_s);
-	free(file_body);
-	return rc;
 }
 
 int command_status(const struct config *cfg, int argc, char **argv)
@@ -306,14 +130,14 @@ int command_status(const struct config *cfg, int argc, char **argv)
 	struct store *s;
 	int rc;
 
-	if ((rc = unknown_args(argc, argv, known, "status")))
+	if ((rc = command_unknown_args(argc, argv, known, "status")))
 		return rc;
-	s = admin_open(cfg, &o);
+	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
 	if (store_status(s, &st) < 0)
-		return store_failed(s, "read the status");
-	if (has_flag(argc, argv, "--json")) {
+		return command_store_failed(s, "read the status");
+	if (command_has_flag(argc, argv, "--json")) {
 		json_t *j = json_pack(
 		        "{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table", cfg->database_table,
 		        "pending", (json_int_t)st.pending, "leased", (json_int_t)st.leased, "dead",
@@ -418,12 +242,12 @@ static int list_rows(const struct config *cfg,
 {
 	struct store_options o;
 	struct store_list l = { 0 };
-	struct store *s = admin_open(cfg, &o);
+	struct store *s = command_admin_open(cfg, &o);
 
 	if (!s)
 		return 1;
 	if (list(s, limit, &l) < 0)
-		return store_failed(s, doing);
+		return command_store_failed(s, doing);
 	print_list(&l, json, keys);
 	store_list_free(&l);
 	store_free(s);
@@ -436,14 +260,14 @@ int command_dead(const struct config *cfg, int argc, char **argv)
 	size_t limit = 1000;
 	int rc;
 
-	if ((rc = unknown_args(argc, argv, known, "dead")))
+	if ((rc = command_unknown_args(argc, argv, known, "dead")))
 		return rc;
 	if (parse_limit(argc, argv, &limit) < 0) {
 		fputs("outbox-relay: dead: --limit wants a whole number\n", stderr);
 		return 2;
 	}
-	return list_rows(cfg, store_dead, limit, "list dead rows", has_flag(argc, argv, "--json"),
-	                 false);
+	return list_rows(cfg, store_dead, limit, "list dead rows",
+	                 command_has_flag(argc, argv, "--json"), false);
 }
 
 int command_keys(const struct config *cfg, int argc, char **argv)
@@ -452,14 +276,14 @@ int command_keys(const struct config *cfg, int argc, char **argv)
 	size_t limit = 1000;
 	int rc;
 
-	if ((rc = unknown_args(argc, argv, known, "keys")))
+	if ((rc = command_unknown_args(argc, argv, known, "keys")))
 		return rc;
-	if (!has_flag(argc, argv, "--blocked") || parse_limit(argc, argv, &limit) < 0) {
+	if (!command_has_flag(argc, argv, "--blocked") || parse_limit(argc, argv, &limit) < 0) {
 		fputs("outbox-relay: usage: keys --blocked [--json] [--limit N]\n", stderr);
 		return 2;
 	}
 	return list_rows(cfg, store_blocked_keys, limit, "list blocked keys",
-	                 has_flag(argc, argv, "--json"), true);
+	                 command_has_flag(argc, argv, "--json"), true);
 }
 
 static int ids_command(const struct config *cfg, int argc, char **argv, bool requeue)
@@ -471,23 +295,23 @@ static int ids_command(const struct config *cfg, int argc, char **argv, bool req
 	struct store *s;
 	const char **ids;
 	size_t n;
-	bool all_dead = requeue && has_flag(argc, argv, "--all-dead");
+	bool all_dead = requeue && command_has_flag(argc, argv, "--all-dead");
 	int64_t changed = 0;
 	int rc;
 
-	if ((rc = unknown_args(argc, argv, requeue ? known_rq : known_ds, name)))
+	if ((rc = command_unknown_args(argc, argv, requeue ? known_rq : known_ds, name)))
 		return rc;
 	ids = calloc((size_t)argc + 1, sizeof(*ids));
 	if (!ids)
 		return 1;
-	n = collect_ids(argc, argv, ids);
+	n = command_collect_ids(argc, argv, ids);
 	if ((n == 0) == !all_dead) {
 		fprintf(stderr, "outbox-relay: usage: %s\n",
 		        requeue ? "requeue --id ID... | --all-dead" : "discard --id ID...");
 		free(ids);
 		return 2;
 	}
-	s = admin_open(cfg, &o);
+	s = command_admin_open(cfg, &o);
 	if (!s) {
 		free(ids);
 		return 1;
@@ -496,7 +320,7 @@ static int ids_command(const struct config *cfg, int argc, char **argv, bool req
 	             : store_discard(s, ids, n, &changed);
 	free(ids);
 	if (rc < 0)
-		return store_failed(s, name);
+		return command_store_failed(s, name);
 	printf("%s %" PRId64 " row%s\n", requeue ? "requeued" : "discarded", changed,
 	       changed == 1 ? "" : "s");
 	store_free(s);
@@ -531,11 +355,11 @@ int command_purge(const struct config *cfg, int argc, char **argv)
 		fputs("outbox-relay: usage: purge --older-than DURATION (e.g. 7d, 12h)\n", stderr);
 		return 2;
 	}
-	s = admin_open(cfg, &o);
+	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
 	if (store_purge(s, older, 5000, NULL, &deleted) < 0)
-		return store_failed(s, "purge");
+		return command_store_failed(s, "purge");
 	printf("purged %" PRId64 " published row%s\n", deleted, deleted == 1 ? "" : "s");
 	store_free(s);
 	return 0;

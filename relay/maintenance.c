@@ -120,20 +120,8 @@ struct maintenance *maintenance_start(struct relay *r)
 		return NULL;
 	m->relay = r;
 	m->seed = (uint64_t)clock_mono_us() | 1;
-	m->opts.conninfo = cfg->database_url;
-	m->opts.table = cfg->database_table;
+	relay_store_options(cfg, r, true, "outbox-relay maintenance", &m->opts);
 	m->opts.channel = "";
-	m->opts.relay_id = cfg->relay_id;
-	m->opts.application_name = "outbox-relay maintenance";
-	m->opts.lease_ms = cfg->relay_lease_ms;
-	m->opts.max_attempts = (int)cfg->relay_max_attempts;
-	m->opts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
-	m->opts.batch_size = (int)cfg->relay_batch_size;
-	m->opts.admin = true;
-	/* Its waits end at the shutdown deadline like the relay loops' (a stalled database must
-	 * not hold the exit). */
-	m->opts.deadline_ms = &r->db_deadline_ms;
-	m->opts.wake_fd = r->wake_fd;
 	m->store = store_new(&m->opts);
 	if (!m->store || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
 		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread");

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "config/config.h"
+#include "store/outbox_store.h"
 
 /* Shutdown is bounded (relay.shutdown_timeout + 1 s at most from the signal to the exit):
  * waits for the broker end at abort_at_ms (confirms not in by then are released, no attempt
@@ -28,6 +29,12 @@ struct relay {
 	 * stays readable and every poll() that includes it returns at once. */
 	int wake_fd;
 };
+
+/* The store options every connection of this relay uses, from the configuration (borrowed:
+ * cfg must outlive them): admin for the CLI, the maintenance loop and the shutdown's release
+ * (no claims, no LISTEN, no answer timeout); r (may be NULL) gives the shutdown deadline. */
+void relay_store_options(const struct config *cfg, const struct relay *r, bool admin,
+                         const char *application_name, struct store_options *o);
 
 /* One relay loop: its own PostgreSQL and AMQP connections, claiming, publishing and marking
  * until r->stopping. */

@@ -119,27 +119,42 @@ static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
  * after the lease. */
 static void release_leases(const struct config *cfg)
 {
-	struct store_options o = {
-		.conninfo = cfg->database_url,
-		.table = cfg->database_table,
-		.channel = "",
-		.relay_id = cfg->relay_id,
-		.application_name = "outbox-relay shutdown",
-		.lease_ms = cfg->relay_lease_ms,
-		.max_attempts = (int)cfg->relay_max_attempts,
-		.batch_size = (int)cfg->relay_batch_size,
-		.admin = true,
-		.deadline_ms = &g_relay.db_deadline_ms,
-		.wake_fd = -1,
-	};
-	struct store *s = store_new(&o);
+	struct store_options o;
+	struct store *s;
 
+	relay_store_options(cfg, &g_relay, true, "outbox-relay shutdown", &o);
+	o.channel = "";
+	s = store_new(&o);
 	if (!s)
 		return;
 	if (store_connect(s) < 0 || store_release_all(s) < 0)
 		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
 		          LOG_STR("error", store_errmsg(s)));
 	store_free(s);
+}
+
+void relay_store_options(const struct config *cfg, const struct relay *r, bool admin,
+                         const char *application_name, struct store_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->conninfo = cfg->database_url;
+	o->table = cfg->database_table;
+	o->channel = cfg->database_channel;
+	o->relay_id = cfg->relay_id;
+	o->application_name = application_name;
+	o->lease_ms = cfg->relay_lease_ms;
+	o->max_attempts = (int)cfg->relay_max_attempts;
+	o->skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
+	o->batch_size = (int)cfg->relay_batch_size;
+	o->batch_max_bytes = cfg->relay_batch_max_bytes;
+	o->admin = admin;
+	o->wake_fd = -1;
+	if (r) {
+		/* Its waits end at the shutdown deadline like the relay loops' (a stalled
+		 * database must not hold the exit). */
+		o->deadline_ms = &r->db_deadline_ms;
+		o->wake_fd = r->wake_fd;
+	}
 }
 
 /* A loop that has not ticked for this long is stuck (/healthz and the watchdog): a few polls

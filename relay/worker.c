@@ -918,18 +918,7 @@ struct worker *worker_new(struct relay *r, int index)
 	snprintf(w->component, sizeof(w->component), "worker%d", index + 1);
 	snprintf(w->app_name, sizeof(w->app_name), "outbox-relay worker %d", index + 1);
 
-	w->sopts.conninfo = cfg->database_url;
-	w->sopts.table = cfg->database_table;
-	w->sopts.channel = cfg->database_channel;
-	w->sopts.relay_id = cfg->relay_id;
-	w->sopts.application_name = w->app_name;
-	w->sopts.lease_ms = cfg->relay_lease_ms;
-	w->sopts.max_attempts = (int)cfg->relay_max_attempts;
-	w->sopts.skip_dead = cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD;
-	w->sopts.batch_size = (int)cfg->relay_batch_size;
-	w->sopts.batch_max_bytes = cfg->relay_batch_max_bytes;
-	w->sopts.deadline_ms = &r->db_deadline_ms;
-	w->sopts.wake_fd = r->wake_fd;
+	relay_store_options(cfg, r, false, w->app_name, &w->sopts);
 	/* A long wait that is still working keeps /healthz at 200. */
 	w->sopts.progress_ms = &g_metrics.tick_ms[index];
 
