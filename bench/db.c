@@ -1,0 +1,98 @@
+/* The benchmark's PostgreSQL (db.h), on tests/support/pgsql.h: what a measurement needs of
+ * the database, each error reported once as the measurement's failure. */
+#include "bench/db.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench/proc.h"
+#include "tests/support/pgsql.h"
+
+PGconn *db_open(struct bench *b, const char *what)
+{
+	char err[512];
+	PGconn *c = pgsql_connect(b->opt.pg, err, sizeof(err));
+
+	if (!c) {
+		bench_fail(b, what, "could not connect to PostgreSQL: %s", err);
+		return NULL;
+	}
+	/* Bounds every statement (the 1,000,000-row fill included): a stuck server fails the
+	 * measurement instead of hanging the run. */
+	if (db_exec(b, c, what, "SET statement_timeout = '600s'") != 0) {
+		PQfinish(c);
+		return NULL;
+	}
+	return c;
+}
+
+int db_exec(struct bench *b, PGconn *c, const char *what, const char *sql)
+{
+	char err[512];
+
+	if (pgsql_exec(c, sql, err, sizeof(err)) != 0) {
+		bench_fail(b, what, "%s: %s", sql, err);
+		return -1;
+	}
+	return 0;
+}
+
+long long db_count(PGconn *c, const char *sql)
+{
+	int64_t v;
+
+	return pgsql_int(c, sql, &v, NULL, 0) == 0 ? (long long)v : -1;
+}
+
+void db_show(PGconn *c, const char *sql, char *out, size_t outlen)
+{
+	char *s = NULL;
+
+	if (pgsql_string(c, sql, &s, NULL, 0) == 0 && s)
+		snprintf(out, outlen, "%s", s);
+	free(s);
+}
+
+int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *table)
+{
+	char sql[256];
+
+	snprintf(sql, sizeof(sql),
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	if (db_exec(b, c, what, sql) != 0)
+		return -1;
+	return proc_migrate(b, what, table);
+}
+
+int db_table_fill(struct bench *b, PGconn *c, const char *what, const char *table, long n, int keys)
+{
+	char sql[512], key[64];
+
+	if (keys > 0)
+		snprintf(key, sizeof(key), "'k' || (g %% %d)", keys);
+	else
+		snprintf(key, sizeof(key), "NULL");
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key) "
+	         "SELECT 'b' || g, '', '%s', repeat('x', %d), %s FROM generate_series(1, %ld) g",
+	         table, table, BENCH_BODY_LEN, key, n);
+	if (db_exec(b, c, what, sql) != 0)
+		return -1;
+	snprintf(sql, sizeof(sql), "VACUUM ANALYZE %s", table);
+	return db_exec(b, c, what, sql);
+}
+
+void db_table_drop(PGconn *c, const char *table)
+{
+	char sql[256];
+
+	if (!c)
+		return;
+	snprintf(sql, sizeof(sql),
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	/* Nothing to do on an error: the measurement is over, and the next run of the same
+	 * name drops the table first anyway. */
+	if (pgsql_exec(c, sql, NULL, 0) != 0)
+		return;
+}

@@ -1,0 +1,36 @@
+/* db.h — the benchmark's PostgreSQL: connections that bound every statement, SQL that reports
+ * a failed measurement, and the outbox tables each measurement uses (fresh, filled, dropped). */
+#ifndef OUTBOX_BENCH_DB_H
+#define OUTBOX_BENCH_DB_H
+
+#include <stddef.h>
+#include <libpq-fe.h>
+
+#include "bench/bench.h"
+
+/* New connection to the benchmark's server (PQfinish() it), every statement bounded by
+ * 600 s so a stuck server fails the measurement instead of hanging the run; NULL after
+ * bench_fail(what). */
+PGconn *db_open(struct bench *b, const char *what);
+/* Runs sql; -1 after bench_fail(what) with the statement and the server's message. */
+int db_exec(struct bench *b, PGconn *c, const char *what, const char *sql)
+        __attribute__((warn_unused_result));
+/* First column of the first row as an integer; -1 on any error (nothing reported). */
+long long db_count(PGconn *c, const char *sql);
+/* First column of the first row as text into out; out unchanged on any error. */
+void db_show(PGconn *c, const char *sql, char *out, size_t outlen);
+
+/* Drops table and its wake-up flag, then lets the relay create them (`outbox-relay
+ * migrate`) as operators do. -1 after bench_fail(what). */
+int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *table)
+        __attribute__((warn_unused_result));
+/* n rows of BENCH_BODY_LEN bytes, routed by the default exchange to the queue named like the
+ * table; with keys > 0, spread round-robin over that many ordering keys. Then VACUUM ANALYZE,
+ * so that the relay meets a table in the state autovacuum keeps a long-lived one in. -1 after
+ * bench_fail(what). */
+int db_table_fill(struct bench *b, PGconn *c, const char *what, const char *table, long n, int keys)
+        __attribute__((warn_unused_result));
+/* Drops table and its wake-up flag; errors are ignored (the run is over for it). */
+void db_table_drop(PGconn *c, const char *table);
+
+#endif

@@ -1,0 +1,115 @@
+/* The relay draining a pre-filled table (drain.h): fill, start the relay, watch the
+ * consumer's count and the table until all is delivered and marked, stop. */
+#include "bench/drain.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/db.h"
+#include "bench/mq.h"
+#include "bench/proc.h"
+
+/* What the consumer's thread records for drain_run(); read once consumer_received() shows
+ * the deliveries it was recorded for. */
+struct drain_times {
+	int64_t first_us;     /* CLOCK_MONOTONIC of the first delivery */
+	long slice;           /* deliveries per 10 %; 0 = no slices */
+	int64_t slice_us[10]; /* CLOCK_MONOTONIC of each 10 % boundary */
+};
+
+static void on_delivery(const struct consumer_delivery *dv, void *arg)
+{
+	struct drain_times *t = arg;
+	long n = (long)dv->n;
+
+	if (n == 1)
+		t->first_us = dv->mono_us;
+	if (t->slice > 0 && n % t->slice == 0 && n / t->slice <= 10)
+		t->slice_us[n / t->slice - 1] = dv->mono_us;
+}
+
+int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
+              struct drain *d)
+{
+	PGconn *c = db_open(b, what);
+	struct consumer *k = NULL;
+	struct proc_relay rp = { 0 };
+	struct drain_times t = { 0 };
+	char sql[256];
+	int64_t t0, deadline, last_print;
+	long long left = -1;
+	int rc = -1;
+
+	memset(d, 0, sizeof(*d));
+	if (!c)
+		return -1;
+	if (db_table_fresh(b, c, what, table) != 0 ||
+	    db_table_fill(b, c, what, table, n, keys) != 0 || mq_fresh_queue(b, what, table) != 0)
+		goto out;
+	t.slice = slices ? n / 10 : 0;
+	if (mq_consume(b, what, table, on_delivery, &t, &k) != 0)
+		goto out;
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+	t0 = bench_mono_us();
+	last_print = t0;
+	/* Generous: a relay slower than 500 msgs/s fails rather than hangs the run. */
+	deadline = t0 + (60 + n / 500) * 1000000LL;
+	if (proc_relay_start(b, &rp, what, table) != 0)
+		goto out;
+	for (;;) {
+		int64_t now = bench_mono_us();
+		long got = (long)consumer_received(k);
+
+		if (bench_interrupted()) {
+			bench_fail(b, what, "interrupted");
+			goto out;
+		}
+		if (!proc_relay_alive(b, &rp, what))
+			goto out;
+		if (mq_consumer_check(b, k, what) != 0)
+			goto out;
+		if (now > deadline) {
+			bench_fail(b, what, "timed out: %ld of %ld delivered, %lld unpublished",
+			           got, n, left);
+			goto out;
+		}
+		/* Every row is delivered at least once before it can be marked, so the table is
+		 * only asked once the consumer has seen n deliveries. */
+		if (got >= n) {
+			left = db_count(c, sql);
+			if (left == 0)
+				break;
+		}
+		if (now - last_print > 10000000) {
+			fprintf(stderr, "%s: %ld of %ld delivered after %.0f s\n", what, got, n,
+			        (double)(now - t0) / 1e6);
+			last_print = now;
+		}
+		bench_sleep_ms(10);
+	}
+	d->secs = (double)(bench_mono_us() - t0) / 1e6;
+	d->first_s = (double)(t.first_us - t0) / 1e6;
+	d->rate = (double)n / d->secs;
+	if (slices && t.slice > 0) {
+		int64_t prev = t.first_us;
+
+		for (int i = 0; i < 10; i++) {
+			double s = (double)(t.slice_us[i] - prev) / 1e6;
+
+			d->slice_rate[i] = s > 0 ? (double)t.slice / s : NAN;
+			prev = t.slice_us[i];
+		}
+	}
+	rc = 0;
+out:
+	if (rp.pid > 0) {
+		proc_relay_stop(b, &rp, what);
+		d->hwm_kb = rp.hwm_kb;
+		d->maxrss_kb = rp.maxrss_kb;
+	}
+	consumer_stop(k);
+	db_table_drop(c, table);
+	PQfinish(c);
+	return rc;
+}

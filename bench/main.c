@@ -1,0 +1,304 @@
+/* outbox-bench's driver: reads the options, prints the machine's facts, runs the measurements
+ * of the table below in order against the PostgreSQL and RabbitMQ that bench/run started, and
+ * prints the summary line that scripts and the README read.
+ *
+ * Adding a measurement takes one file and one row:
+ * - bench/<name>.c defines `void measure_<name>(struct bench *b)` (its prototype goes in the
+ *   list in bench.h). It prints its lines as "<name>: ...", stores its figures with
+ *   bench_set() and, when it cannot finish, calls bench_fail() and returns; the run goes on.
+ *   It stands on db.h (connections, outbox tables), mq.h (queues, the measuring consumer),
+ *   proc.h (the relay process, /proc), drain.h (the relay draining a pre-filled table) and
+ *   memory.h (note the relay's peak RSS). CMake picks the file up by itself.
+ * - its row in `measurements`: the name for --only, the function, and the keys it sets, which
+ *   are appended to the summary line in table order ("-" when it did not run). A target of its
+ *   own goes on the targets line in print_summary(). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <amqp.h>
+
+#include "bench/bench.h"
+#include "bench/db.h"
+#include "bench/mq.h"
+
+/* In the order they run. A row without a function only reports, after every run, on figures
+ * others noted (memory: the relay, backlog and keys runs note their relay's peak RSS). */
+static const struct bench_measurement measurements[] = {
+	{ "limit", measure_limit, NULL, { { "limit", 0 } } },
+	{ "relay", measure_relay, NULL, { { "relay", 0 }, { "ratio", 2 } } },
+	{ "idle", measure_idle, NULL, { { "p50_ms", 2 }, { "p95_ms", 2 }, { "p99_ms", 2 } } },
+	{ "producer",
+	  measure_producer,
+	  NULL,
+	  { { "producer_with", 0 }, { "producer_without", 0 }, { "producer_ratio", 2 } } },
+	{ "backlog",
+	  measure_backlog,
+	  NULL,
+	  { { "backlog_first", 0 }, { "backlog_last", 0 }, { "backlog_ratio", 2 } } },
+	{ "memory", NULL, report_memory, { { "rss_kb", 0 }, { "rss_max_kb", 0 } } },
+	{ "keys", measure_keys, NULL, { { "keys", 0 }, { "nokeys", 0 }, { "keys_ratio", 2 } } },
+};
+
+#define N_MEASUREMENTS (sizeof(measurements) / sizeof(measurements[0]))
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	bench_interrupt();
+}
+
+/* ---- machine facts ---- */
+
+static void print_facts(struct bench *b)
+{
+	char model[256] = "unknown", line[512], pgv[128] = "unknown", fs[32] = "?", sc[32] = "?";
+	char rmqv[64] = "unknown", err[256];
+	struct utsname u;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	PGconn *c;
+	amqp_connection_state_t m;
+
+	if (f) {
+		while (fgets(line, sizeof(line), f)) {
+			if (strncmp(line, "model name", 10) == 0) {
+				char *v = strchr(line, ':');
+
+				if (v) {
+					v += strspn(v + 1, " \t") + 1;
+					v[strcspn(v, "\n")] = '\0';
+					snprintf(model, sizeof(model), "%s", v);
+				}
+				break;
+			}
+		}
+		fclose(f);
+	}
+	c = PQconnectdb(b->opt.pg);
+	if (PQstatus(c) == CONNECTION_OK) {
+		db_show(c, "SHOW server_version", pgv, sizeof(pgv));
+		db_show(c, "SHOW fsync", fs, sizeof(fs));
+		db_show(c, "SHOW synchronous_commit", sc, sizeof(sc));
+	}
+	PQfinish(c);
+	m = mq_open(b, err, sizeof(err));
+	if (m) {
+		mq_server_version(m, rmqv, sizeof(rmqv));
+		mq_close(m);
+	}
+	if (uname(&u) != 0)
+		snprintf(u.release, sizeof(u.release), "?");
+	printf("machine: %ld cores, %s, Linux %s\n", sysconf(_SC_NPROCESSORS_ONLN), model,
+	       u.release);
+	printf("versions: PostgreSQL %s (fsync=%s, synchronous_commit=%s), RabbitMQ %s, "
+	       "rabbitmq-c %s, relay %s\n",
+	       pgv, fs, sc, rmqv, amqp_version(), b->opt.relay);
+	printf("sizes: rows %ld, backlog %ld, phases %d s, body %d B, relay.retention %s%s\n",
+	       b->opt.n_tput, b->opt.n_backlog, b->opt.phase_s, BENCH_BODY_LEN, b->opt.retention,
+	       b->opt.quick ? " (--quick)" : "");
+	fflush(stdout);
+}
+
+/* ---- summary ---- */
+
+static void print_summary(const struct bench *b)
+{
+	printf("summary:");
+	for (size_t i = 0; i < b->n_figures; i++) {
+		double v = b->figures[i].value;
+
+		if (isnan(v))
+			printf(" %s=-", b->figures[i].f.key);
+		else
+			printf(" %s=%.*f", b->figures[i].f.key, b->figures[i].f.decimals, v);
+	}
+	printf(" failures=%d\n", b->failures);
+	printf("targets: ratio>=0.80 backlog_ratio>=0.90 p50_ms<=2 p99_ms<=10 producer_ratio>=0.90 "
+	       "rss_kb<=12288\n");
+}
+
+/* ---- command line ---- */
+
+static void usage(FILE *out)
+{
+	const char *sep = "";
+
+	fputs("usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog "
+	      "N]\n"
+	      "                    [--seconds S] [--workers N] [--batch N] [--retention D]\n"
+	      "  NAME: ",
+	      out);
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		if (measurements[i].run) {
+			fprintf(out, "%s%s", sep, measurements[i].name);
+			sep = ", ";
+		}
+	}
+	fputs(" (memory comes with relay/backlog)\n"
+	      "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n",
+	      out);
+}
+
+static int parse_long(const char *s, long min, long max, long *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < min || v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* The relay of the same build sits in the parent directory of outbox-bench's (bench/). */
+static char *default_relay(const char *argv0)
+{
+	char self[4096], *slash, *path;
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	size_t len;
+
+	if (n <= 0) {
+		snprintf(self, sizeof(self), "%s", argv0);
+		n = (ssize_t)strlen(self);
+	}
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (!slash)
+		return strdup("./outbox-relay");
+	*slash = '\0';
+	len = strlen(self) + 32;
+	path = malloc(len);
+	if (!path)
+		return NULL;
+	snprintf(path, len, "%s/outbox-relay", self);
+	if (access(path, X_OK) == 0)
+		return path;
+	snprintf(path, len, "%s/../outbox-relay", self);
+	return path;
+}
+
+static bool selectable(const char *name)
+{
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		if (measurements[i].run && strcmp(measurements[i].name, name) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Fills o from argv; 0 to run, 1 when --help was printed, 2 on a bad argument. */
+static int parse_args(int argc, char **argv, struct bench_options *o)
+{
+	long rows = 0, backlog = 0, secs = 0;
+
+	o->retention = "30d";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (strcmp(a, "--quick") == 0) {
+			o->quick = true;
+		} else if (strcmp(a, "--only") == 0 && v) {
+			o->only = v;
+			i++;
+		} else if (strcmp(a, "--relay") == 0 && v) {
+			o->relay = v;
+			i++;
+		} else if (strcmp(a, "--rows") == 0 && v &&
+		           parse_long(v, 10, 100000000, &rows) == 0) {
+			i++;
+		} else if (strcmp(a, "--backlog") == 0 && v &&
+		           parse_long(v, 10, 100000000, &backlog) == 0) {
+			i++;
+		} else if (strcmp(a, "--seconds") == 0 && v && parse_long(v, 1, 3600, &secs) == 0) {
+			i++;
+		} else if (strcmp(a, "--workers") == 0 && v &&
+		           parse_long(v, 1, 64, &o->workers) == 0) {
+			i++;
+		} else if (strcmp(a, "--batch") == 0 && v &&
+		           parse_long(v, 1, 10000, &o->batch) == 0) {
+			i++;
+		} else if (strcmp(a, "--retention") == 0 && v && v[0] && strlen(v) < 32) {
+			/* relay.retention as the relay reads it; the relay refuses a bad one. */
+			o->retention = v;
+			i++;
+		} else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+			usage(stdout);
+			return 1;
+		} else {
+			fprintf(stderr, "outbox-bench: bad argument '%s'\n", a);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (o->only && !selectable(o->only)) {
+		fprintf(stderr, "outbox-bench: unknown measurement '%s'\n", o->only);
+		usage(stderr);
+		return 2;
+	}
+	o->n_tput = rows ? rows : o->quick ? 10000 : 100000;
+	o->n_backlog = backlog ? backlog : o->quick ? 100000 : 1000000;
+	o->phase_s = secs ? (int)secs : o->quick ? 3 : 10;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct bench b;
+	char *relay_path = NULL;
+	struct sigaction sa;
+	int rc;
+
+	rc = parse_args(argc, argv, &b.opt);
+	if (rc != 0)
+		return rc == 1 ? 0 : 2;
+	b.opt.pg = getenv("RELAY_TEST_PG");
+	b.opt.amqp = getenv("RELAY_TEST_AMQP");
+	if (!b.opt.pg || !b.opt.amqp) {
+		fprintf(stderr, "outbox-bench: RELAY_TEST_PG and RELAY_TEST_AMQP must be set "
+		                "(bench/run starts the servers and sets them)\n");
+		return 2;
+	}
+	if (!b.opt.relay) {
+		relay_path = default_relay(argv[0]);
+		b.opt.relay = relay_path;
+	}
+	if (!b.opt.relay || access(b.opt.relay, X_OK) != 0) {
+		fprintf(stderr, "outbox-bench: relay binary '%s' not found; use --relay PATH\n",
+		        b.opt.relay ? b.opt.relay : "?");
+		free(relay_path);
+		return 2;
+	}
+	for (size_t i = 0; i < N_MEASUREMENTS; i++)
+		for (size_t j = 0; j < BENCH_ROW_FIGURES && measurements[i].figures[j].key; j++)
+			bench_declare(&b, &measurements[i].figures[j]);
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+
+	print_facts(&b);
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		const struct bench_measurement *m = &measurements[i];
+
+		if (m->run && (!b.opt.only || strcmp(b.opt.only, m->name) == 0))
+			m->run(&b);
+	}
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		if (measurements[i].report)
+			measurements[i].report(&b);
+	}
+	print_summary(&b);
+	free(relay_path);
+	return b.failures ? 1 : 0;
+}

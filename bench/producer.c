@@ -1,0 +1,219 @@
+/* The producers' cost of the wake-up: PRODUCERS connections committing single-row inserts for
+ * phase_s seconds with the relay running, once with the wake-up trigger and once without;
+ * the ratio of their commit rates is what the trigger costs an application. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "bench/db.h"
+#include "bench/mq.h"
+#include "bench/proc.h"
+#include "tests/support/pgsql.h"
+
+#define PRODUCERS 8 /* threads, each on its own connection */
+
+struct producer {
+	pthread_t thread;
+	const char *pg;
+	const char *table;
+	int index;
+	atomic_int *go; /* 0 wait, 1 run, 2 stop */
+	atomic_int *ready;
+	long commits;
+	char err[256];
+};
+
+static void *producer_main(void *arg)
+{
+	struct producer *pr = arg;
+	PGconn *c = pgsql_connect(pr->pg, pr->err, sizeof(pr->err));
+	char sql[256], id[48], body[BENCH_BODY_LEN + 1];
+	const char *params[3];
+	PGresult *r;
+
+	if (!c)
+		goto out;
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES ($1, '', $2, $3) "
+	         "ON CONFLICT (id) DO NOTHING",
+	         pr->table);
+	r = PQprepare(c, "ins", sql, 3, NULL);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
+	PQclear(r);
+	if (pr->err[0])
+		goto out;
+	memset(body, 'x', BENCH_BODY_LEN);
+	body[BENCH_BODY_LEN] = '\0';
+	params[1] = pr->table;
+	params[2] = body;
+	atomic_fetch_add(pr->ready, 1);
+	while (atomic_load(pr->go) == 0)
+		bench_sleep_ms(1);
+	while (atomic_load(pr->go) == 1) {
+		snprintf(id, sizeof(id), "p%d-%ld", pr->index, pr->commits + 1);
+		params[0] = id;
+		r = PQexecPrepared(c, "ins", 3, params, NULL, NULL, 0);
+		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+			snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
+			PQclear(r);
+			break;
+		}
+		PQclear(r);
+		pr->commits++;
+	}
+out:
+	PQfinish(c);
+	atomic_fetch_add(pr->ready, 1000); /* counts as ready even on failure: nobody waits */
+	return NULL;
+}
+
+/* Drains the notifications that reached the listener so far; returns how many. */
+static long count_notifies(PGconn *c)
+{
+	PGnotify *n;
+	long count = 0;
+
+	if (!c || !PQconsumeInput(c))
+		return 0;
+	while ((n = PQnotifies(c)) != NULL) {
+		count++;
+		PQfreemem(n);
+	}
+	return count;
+}
+
+/* One phase: fresh table (trigger dropped when !wakeup), a relay draining it as in
+ * production, PRODUCERS threads committing for phase_s seconds. Returns commits/s or NAN;
+ * *notifies gets how many producer commits sent a NOTIFY (a listener of our own counts them),
+ * which tells why a wake-up costs what it costs. */
+static double phase(struct bench *b, const char *table, bool wakeup, long *notifies)
+{
+	const char *what = "producer";
+	PGconn *c = db_open(b, what), *listener = NULL;
+	struct consumer *k = NULL;
+	struct proc_relay rp = { 0 };
+	struct producer pr[PRODUCERS];
+	atomic_int go, ready;
+	char sql[256];
+	double rate = NAN;
+	long total = 0;
+	int started = 0;
+	int64_t t0 = 0, t1 = 0, deadline;
+
+	if (!c)
+		return NAN;
+	memset(pr, 0, sizeof(pr));
+	atomic_init(&go, 0);
+	atomic_init(&ready, 0);
+	if (db_table_fresh(b, c, what, table) != 0)
+		goto out;
+	if (!wakeup) {
+		snprintf(sql, sizeof(sql), "DROP TRIGGER %s_wakeup ON %s", table, table);
+		if (db_exec(b, c, what, sql) != 0)
+			goto out;
+	}
+	listener = db_open(b, what);
+	if (!listener)
+		goto out;
+	snprintf(sql, sizeof(sql), "LISTEN %s", table);
+	if (db_exec(b, listener, what, sql) != 0)
+		goto out;
+	if (mq_fresh_queue(b, what, table) != 0 || mq_consume(b, what, table, NULL, NULL, &k) != 0)
+		goto out;
+	if (proc_relay_start(b, &rp, what, table) != 0)
+		goto out;
+	for (; started < PRODUCERS; started++) {
+		pr[started].pg = b->opt.pg;
+		pr[started].table = table;
+		pr[started].index = started;
+		pr[started].go = &go;
+		pr[started].ready = &ready;
+		if (pthread_create(&pr[started].thread, NULL, producer_main, &pr[started]) != 0) {
+			bench_fail(b, what, "could not start producer threads");
+			atomic_store(&go, 2);
+			goto join;
+		}
+	}
+	deadline = bench_mono_us() + 30000000;
+	while (atomic_load(&ready) < PRODUCERS && bench_mono_us() < deadline)
+		bench_sleep_ms(5);
+	/* Give the relay time to connect and go idle, so the phase starts as production would. */
+	bench_sleep_ms(1000);
+	count_notifies(listener);
+	*notifies = 0;
+	t0 = bench_mono_us();
+	atomic_store(&go, 1);
+	while (bench_mono_us() - t0 < (int64_t)b->opt.phase_s * 1000000 && !bench_interrupted()) {
+		bench_sleep_ms(10);
+		*notifies += count_notifies(listener);
+	}
+	atomic_store(&go, 2);
+	t1 = bench_mono_us();
+join:
+	for (int i = 0; i < started; i++) {
+		pthread_join(pr[i].thread, NULL);
+		if (pr[i].err[0]) {
+			bench_fail(b, what, "producer %d: %s", i, pr[i].err);
+			goto out;
+		}
+		total += pr[i].commits;
+	}
+	if (started == PRODUCERS && proc_relay_alive(b, &rp, what) && !bench_interrupted())
+		rate = (double)total / ((double)(t1 - t0) / 1e6);
+	/* Commits still in flight at the end of the phase may notify a little later. */
+	bench_sleep_ms(50);
+	*notifies += count_notifies(listener);
+out:
+	PQfinish(listener);
+	proc_relay_stop(b, &rp, what);
+	consumer_stop(k);
+	db_table_drop(c, table);
+	PQfinish(c);
+	return rate;
+}
+
+/* With and without alternate, in the order with-without, then without-with (twice in a full
+ * run), so that a drift of the machine during the run (autovacuum, checkpoints, a neighbour)
+ * does not favour whichever phase comes first. */
+void measure_producer(struct bench *b)
+{
+	int rounds = b->opt.quick ? 1 : 2;
+	double with = 0, without = 0, ratio;
+
+	for (int r = 0; r < rounds; r++) {
+		long nw = 0, nwo = 0;
+		double a = NAN, c = NAN;
+
+		if (r % 2 == 0) {
+			a = phase(b, "bench_pc_with", true, &nw);
+			if (!isnan(a))
+				c = phase(b, "bench_pc_without", false, &nwo);
+		} else {
+			c = phase(b, "bench_pc_without", false, &nwo);
+			if (!isnan(c))
+				a = phase(b, "bench_pc_with", true, &nw);
+		}
+		if (isnan(a) || isnan(c))
+			return;
+		printf("producer: round %d: %d connections, single-row inserts, %d s each, relay "
+		       "running: with wake-up %.0f commits/s (%ld notifying commits), without %.0f "
+		       "commits/s (%ld)\n",
+		       r + 1, PRODUCERS, b->opt.phase_s, a, nw, c, nwo);
+		with += a;
+		without += c;
+	}
+	with /= rounds;
+	without /= rounds;
+	ratio = with / without;
+	bench_set(b, "producer_with", with);
+	bench_set(b, "producer_without", without);
+	bench_set(b, "producer_ratio", ratio);
+	printf("producer: with wake-up %.0f commits/s, without %.0f commits/s; ratio %.2f "
+	       "(target >= 0.90: %s)\n",
+	       with, without, ratio, ratio >= 0.9 ? "met" : "MISSED");
+}
