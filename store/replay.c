@@ -1,0 +1,671 @@
+/* Replay (`outbox-relay replay`): the published rows an operator selects are made pending
+ * again, with a header saying when the replay was asked, so that the running relay publishes
+ * them through its normal path (confirms, retries); every ordering key keeps its order. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "store/outbox_store.h"
+#include "store/store_private.h"
+
+#define REPLAY_SQL_MAX 4096
+#define REPLAY_PAGE    1000 /* rows per listing statement */
+#define POLL_MS        10   /* between two looks at the sequence's lock holders */
+
+/* The session's own tables (temporary: they go with the connection). The selection: one row
+ * per selected row, fixed when the replay starts, with why its key waits (NULL = ready); a
+ * row leaves it once replayed. And the rows whose headers cannot take the replay header. */
+#define SEL     "pg_temp.outbox_replay"
+#define REFUSED "pg_temp.outbox_replay_refused"
+
+/* UTC text, whatever the session's time zone: milliseconds for people, microseconds for the
+ * bounds the selection uses (a bound shown rounded must not select other rows). */
+#define ISO_MS(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+#define ISO_US(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+static int build(struct store *s, char *sql, size_t cap, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static int build(struct store *s, char *sql, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	int w;
+
+	va_start(ap, fmt);
+	w = vsnprintf(sql, cap, fmt, ap);
+	va_end(ap);
+	if (w < 0 || (size_t)w >= cap) {
+		store_set_error(s, "statement text too long");
+		return STORE_ERR_FATAL;
+	}
+	return 0;
+}
+
+/* store_exec() that also tells the failed statement's SQLSTATE (state[6], "" when none): a
+ * bad time is the operator's input and a deadlock is worth another try, neither a failure
+ * of the database. */
+static int exec_state(struct store *s, const char *sql, int n, const char *const *params,
+                      ExecStatusType want, PGresult **out, const char *what, char *state)
+{
+	PGresult *res = NULL;
+	int rc;
+
+	state[0] = '\0';
+	if ((rc = store_require_conn(s)) != 0)
+		return rc;
+	if (PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0)) {
+		s->inflight = STORE_INFLIGHT_SYNC;
+		s->inflight_sent_ms = clock_mono_ms();
+		res = store_collect(s);
+	}
+	if (PQresultStatus(res) != want) {
+		const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+		if (st)
+			snprintf(state, 6, "%s", st);
+		rc = store_result_error(s, res, what);
+		PQclear(res);
+		return rc;
+	}
+	if (out)
+		*out = res;
+	else
+		PQclear(res);
+	return 0;
+}
+
+/* Ends the transaction a failed step began, keeping the failure's message. */
+static void rollback(struct store *s)
+{
+	char keep[STORE_ERRMSG_MAX];
+
+	if (!store_connected(s))
+		return;
+	snprintf(keep, sizeof(keep), "%s", s->errmsg);
+	if (store_exec(s, "ROLLBACK", 0, NULL, PGRES_COMMAND_OK, NULL, "could not roll back") != 0)
+		store_disconnect(s); /* the next statement must not run inside it */
+	snprintf(s->errmsg, sizeof(s->errmsg), "%s", keep);
+}
+
+int store_replay_like(const char *pattern, char *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (const char *p = pattern; *p; p++) {
+		char c = *p, esc = 0;
+
+		if (c == '*')
+			c = '%';
+		else if (c == '?')
+			c = '_';
+		else if (c == '%' || c == '_' || c == '!')
+			esc = '!';
+		if (n + (esc ? 2 : 1) >= cap)
+			return -1;
+		if (esc)
+			out[n++] = esc;
+		out[n++] = c;
+	}
+	if (n >= cap)
+		return -1;
+	out[n] = '\0';
+	return 0;
+}
+
+bool store_row_replayed(const struct store_row *r)
+{
+	return r->headers && strstr(r->headers, "\"" STORE_REPLAY_HEADER "\"") != NULL;
+}
+
+/* Ownership: asked_at[cap] gets the server's time now (UTC, ms), the replay's stamp. */
+int store_replay_begin(struct store *s, char *asked_at, size_t cap)
+{
+	const char *params[1] = { s->table };
+	PGresult *res = NULL;
+	int rc;
+
+	/* A time given without a zone is UTC, as every time the command prints. */
+	rc = store_exec(
+	        s,
+	        "SET TIME ZONE 'UTC';"
+	        " DROP TABLE IF EXISTS " SEL ", " REFUSED ";"
+	        " CREATE TEMP TABLE outbox_replay (seq bigint PRIMARY KEY,"
+	        " ordering_key text, reason text);"
+	        " CREATE TEMP TABLE outbox_replay_refused (seq bigint, id text, reason text)",
+	        0, NULL, PGRES_COMMAND_OK, NULL, "could not set up the replay");
+	if (rc != 0)
+		return rc;
+	rc = store_exec(s,
+	                "SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
+	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text,"
+	                " " ISO_MS("now()"),
+	                1, params, PGRES_TUPLES_OK, &res, "could not set up the replay");
+	if (rc != 0)
+		return rc;
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+		store_set_error(s,
+		                "table '%s' has no identity sequence behind seq: run "
+		                "'outbox-relay migrate'",
+		                s->table);
+		rc = STORE_ERR_FATAL;
+		goto out;
+	}
+	s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
+	s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
+	snprintf(asked_at, cap, "%s", PQgetvalue(res, 0, 2));
+out:
+	PQclear(res);
+	return rc;
+}
+
+/* Ownership: out[cap] gets the time (UTC, µs) only when 0 is returned. */
+int store_replay_time(struct store *s, const char *at, int64_t ago_ms, char *out, size_t cap)
+{
+	char ago[24], state[6];
+	const char *params[2] = { at, ago };
+	PGresult *res = NULL;
+	int rc;
+
+	snprintf(ago, sizeof(ago), "%lld", (long long)(ago_ms > 0 ? ago_ms : 0));
+	rc = exec_state(s,
+	                "SELECT CASE WHEN isfinite(t) THEN " ISO_US(
+	                        "t") " END FROM (SELECT"
+	                             " COALESCE($1::timestamptz, now() - $2::bigint * interval '1 "
+	                             "millisecond')"
+	                             " AS t) x",
+	                2, params, PGRES_TUPLES_OK, &res, "not a time", state);
+	if (rc != 0)
+		return strncmp(state, "22", 2) == 0 ? 1 : rc; /* class 22: data exception */
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+		store_set_error(s, "not a finite time");
+		PQclear(res);
+		return 1;
+	}
+	snprintf(out, cap, "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return 0;
+}
+
+/* Appends " AND <before>$n<after>" for one parameter, unless value is NULL. */
+static int add_cond(struct store *s, char *sql, size_t cap, const char **params, int *np,
+                    const char *before, const char *after, const char *value)
+{
+	size_t len = strlen(sql);
+
+	if (!value)
+		return 0;
+	params[(*np)++] = value;
+	return build(s, sql + len, cap - len, " AND %s$%d%s", before, *np, after);
+}
+
+/* The selection, fixed now: rows published later, or replayed while this replay waits for a
+ * key, do not join it. On published_at it walks the purge's index of published rows. */
+int store_replay_select(struct store *s, const struct store_replay_filter *f, int64_t *n_rows)
+{
+	char sql[REPLAY_SQL_MAX];
+	const char *params[6];
+	const char *col = f->by_created ? "o.created_at" : "o.published_at";
+	char since[32], until[32];
+	const char *ids = NULL;
+	PGresult *res = NULL;
+	int64_t n = 0;
+	int np = 0, rc;
+
+	snprintf(since, sizeof(since), "%s >= ", col);
+	snprintf(until, sizeof(until), "%s < ", col);
+	if (f->n_ids > 0 && (rc = store_text_array(s, STORE_SLOT_IDS, f->ids, f->n_ids,
+	                                           store_string_at, false, &ids)) != 0)
+		return rc;
+	/* '!' escapes the LIKE pattern: a backslash would depend on standard_conforming_strings. */
+	if ((rc = build(s, sql, sizeof(sql),
+	                "INSERT INTO " SEL " (seq, ordering_key) SELECT o.seq, o.ordering_key"
+	                " FROM %s o WHERE o.published_at IS NOT NULL",
+	                s->table)) != 0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.id = ANY(", "::text[])", ids)) !=
+	            0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, since, "::timestamptz", f->since)) !=
+	            0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, until, "::timestamptz", f->until)) !=
+	            0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.exchange_name = ", "",
+	                   f->exchange)) != 0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.routing_key LIKE ", " ESCAPE '!'",
+	                   f->routing_key_like)) != 0 ||
+	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.ordering_key = ", "",
+	                   f->ordering_key)) != 0)
+		return rc;
+	rc = store_exec(s, sql, np, params, PGRES_COMMAND_OK, &res, "could not select the rows");
+	if (rc != 0)
+		return rc;
+	if (store_parse_int64(PQcmdTuples(res), &n) != 0) {
+		store_set_error(s, "could not read the number of selected rows");
+		rc = STORE_ERR_QUERY;
+	} else {
+		*n_rows = n;
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* Calls fn for each row of res (columns: id, exchange, routing key, ordering key, published,
+ * created, reason, rows; NULL where a column is absent); stops at fn's first non-zero. */
+static int each_row(PGresult *res, int ncols, store_replay_fn fn, void *arg)
+{
+	for (int i = 0; i < PQntuples(res); i++) {
+		const char *v[8] = { 0 };
+		struct store_replay_row r;
+		int64_t rows = 0;
+		int rc;
+
+		for (int c = 0; c < ncols && c < 8; c++)
+			v[c] = PQgetisnull(res, i, c) ? NULL : PQgetvalue(res, i, c);
+		if (v[7] && store_parse_int64(v[7], &rows) != 0)
+			rows = 0;
+		r = (struct store_replay_row){ .id = v[0],
+			                       .exchange = v[1],
+			                       .routing_key = v[2],
+			                       .ordering_key = v[3],
+			                       .published_at = v[4],
+			                       .created_at = v[5],
+			                       .reason = v[6],
+			                       .rows = rows };
+		if ((rc = fn(&r, arg)) != 0)
+			return rc;
+	}
+	return 0;
+}
+
+int store_replay_list(struct store *s, store_replay_fn fn, void *arg)
+{
+	char sql[REPLAY_SQL_MAX], after[24] = "0";
+	const char *params[1] = { after };
+	int rc;
+
+	/* Pages by seq, so that a large selection is never held in memory at once. */
+	if ((rc = build(s, sql, sizeof(sql),
+	                "SELECT o.id, o.exchange_name, o.routing_key, o.ordering_key, " ISO_MS(
+	                        "o.published_at") ", " ISO_MS("o.created_at") ", NULL, NULL, o.seq"
+	                                                                      " FROM %s o JOIN " SEL
+	                                                                      " r ON r.seq = o.seq"
+	                                                                      " WHERE o.seq > "
+	                                                                      "$1::bigint ORDER BY "
+	                                                                      "o.seq LIMIT %d",
+	                s->table, REPLAY_PAGE)) != 0)
+		return rc;
+	for (;;) {
+		PGresult *res = NULL;
+		int n;
+
+		rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res,
+		                "could not list the rows");
+		if (rc != 0)
+			return rc;
+		n = PQntuples(res);
+		rc = each_row(res, 8, fn, arg);
+		if (n > 0)
+			snprintf(after, sizeof(after), "%s", PQgetvalue(res, n - 1, 8));
+		PQclear(res);
+		if (rc != 0 || n < REPLAY_PAGE)
+			return rc;
+	}
+}
+
+int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, store_replay_fn fn,
+                             void *arg)
+{
+	char sql[REPLAY_SQL_MAX];
+	const char *params[1];
+	PGresult *res = NULL;
+	int rc;
+
+	if (n == 0)
+		return 0;
+	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
+	if (rc != 0)
+		return rc;
+	if ((rc = build(s, sql, sizeof(sql),
+	                "SELECT i.id, NULL, NULL, NULL, NULL, NULL, CASE"
+	                " WHEN o.id IS NULL THEN 'not in the table'"
+	                " WHEN o.published_at IS NULL THEN 'not published (pending or dead)'"
+	                " ELSE 'published, but left out by the other filters' END"
+	                " FROM unnest($1::text[]) WITH ORDINALITY AS i(id, n)"
+	                " LEFT JOIN %s o ON o.id = i.id"
+	                " WHERE o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM " SEL
+	                " r WHERE r.seq = o.seq) ORDER BY i.n",
+	                s->table)) != 0)
+		return rc;
+	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not look up the ids");
+	if (rc != 0)
+		return rc;
+	rc = each_row(res, 7, fn, arg);
+	PQclear(res);
+	return rc;
+}
+
+/* Rows whose headers the replay cannot merge its header into: not a JSON object, or text
+ * PostgreSQL cannot read as JSON (a relay parses headers itself, so a row it published may
+ * still hold, say, a \u0000 escape that jsonb refuses). One statement finds them all when
+ * every row parses; when one does not, a loop tries each row in a subtransaction to name
+ * which. */
+int store_replay_refused(struct store *s, store_replay_fn fn, void *arg, int64_t *n_refused)
+{
+	char sql[REPLAY_SQL_MAX], state[6];
+	PGresult *res = NULL;
+	int64_t n = 0;
+	int rc;
+
+	if ((rc = store_exec(s, "TRUNCATE " REFUSED, 0, NULL, PGRES_COMMAND_OK, NULL,
+	                     "could not check the headers")) != 0 ||
+	    (rc = build(s, sql, sizeof(sql),
+	                "INSERT INTO " REFUSED " SELECT o.seq, o.id,"
+	                " 'its headers are not a JSON object' FROM %s o JOIN " SEL
+	                " r ON r.seq = o.seq WHERE jsonb_typeof(o.headers::jsonb) <> 'object'",
+	                s->table)) != 0)
+		return rc;
+	rc = exec_state(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not check the headers",
+	                state);
+	if (rc != 0 && strncmp(state, "22", 2) == 0) {
+		if ((rc = build(
+		             s, sql, sizeof(sql),
+		             "DO $replay$ DECLARE r record; BEGIN"
+		             " FOR r IN SELECT o.seq, o.id, o.headers FROM %s o JOIN " SEL
+		             " x ON x.seq = o.seq LOOP"
+		             " BEGIN IF jsonb_typeof(r.headers::jsonb) <> 'object' THEN"
+		             " INSERT INTO " REFUSED " VALUES (r.seq, r.id,"
+		             " 'its headers are not a JSON object'); END IF;"
+		             " EXCEPTION WHEN others THEN INSERT INTO " REFUSED
+		             " VALUES (r.seq, r.id, 'PostgreSQL cannot read its headers as JSON: '"
+		             " || SQLERRM); END; END LOOP; END $replay$",
+		             s->table)) != 0)
+			return rc;
+		rc = store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL,
+		                "could not check the headers");
+	}
+	if (rc != 0)
+		return rc;
+	rc = store_exec(
+	        s, "SELECT id, NULL, NULL, NULL, NULL, NULL, reason FROM " REFUSED " ORDER BY seq",
+	        0, NULL, PGRES_TUPLES_OK, &res, "could not check the headers");
+	if (rc != 0)
+		return rc;
+	n = PQntuples(res);
+	rc = fn ? each_row(res, 7, fn, arg) : 0;
+	PQclear(res);
+	if (rc == 0)
+		*n_refused = n;
+	return rc;
+}
+
+static void sleep_ms(int64_t ms)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ms / 1000),
+		               .tv_nsec = (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Takes the lock a producer holds on the seq sequence from its INSERT to its end, then
+ * waits (up to wait_ms) until every other transaction that held it has ended. From then on
+ * until this transaction ends, the relay's ordering watermark (store/watermark.h) cannot
+ * settle past any seq drawn after the lock, so no keyed row that this statement's snapshot
+ * misses can be claimed before the replay commits; and every keyed row with an earlier seq is
+ * committed or gone, so the next statement sees it. Returns 0 when they ended, 1 when some
+ * did not in time (why is in *why, a new string or NULL), or an error. */
+static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
+{
+	char seq[16], db[16];
+	const char *params[3] = { seq, db, NULL };
+	PGresult *res = NULL;
+	char *holders = NULL;
+	int64_t deadline = clock_mono_ms() + wait_ms;
+	int rc;
+
+	snprintf(seq, sizeof(seq), "%u", s->seq_oid);
+	snprintf(db, sizeof(db), "%u", s->db_oid);
+	rc = store_exec(s, "SELECT pg_sequence_last_value($1::oid::regclass) IS NULL", 1, params,
+	                PGRES_TUPLES_OK, NULL, "could not lock the sequence");
+	if (rc != 0)
+		return rc;
+	/* Read after the lock is held: anyone who drew a seq before it and is still open. */
+	rc = store_exec(s,
+	                "SELECT COALESCE(array_agg(l.virtualtransaction)::text, '{}')"
+	                " FROM pg_locks l WHERE l.locktype = 'relation' AND l.relation = $1::oid"
+	                " AND l.database = $2::oid AND l.pid IS DISTINCT FROM pg_backend_pid()",
+	                2, params, PGRES_TUPLES_OK, &res, "could not read the sequence's holders");
+	if (rc != 0)
+		return rc;
+	holders = strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	res = NULL;
+	if (!holders) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	params[2] = holders;
+	for (;;) {
+		int64_t left = 0;
+
+		rc = store_exec(
+		        s,
+		        "SELECT count(*), max(CASE WHEN l.pid IS NULL"
+		        " THEN 'a prepared transaction' ELSE format('pid %s, open for %s s',"
+		        " a.pid, floor(extract(epoch FROM clock_timestamp() - a.xact_start)))"
+		        " END)"
+		        " FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid"
+		        " WHERE l.locktype = 'relation' AND l.relation = $1::oid"
+		        " AND l.database = $2::oid AND l.virtualtransaction = ANY($3::text[])"
+		        " AND l.pid IS DISTINCT FROM pg_backend_pid()",
+		        3, params, PGRES_TUPLES_OK, &res, "could not read the sequence's holders");
+		if (rc != 0)
+			break;
+		if (store_parse_int64(PQgetvalue(res, 0, 0), &left) != 0 || left == 0) {
+			rc = 0;
+			break;
+		}
+		if (clock_mono_ms() >= deadline) {
+			char text[300];
+
+			snprintf(text, sizeof(text),
+			         "a transaction that inserted into the outbox is still open (%s)",
+			         PQgetvalue(res, 0, 1));
+			*why = strdup(text);
+			rc = 1;
+			break;
+		}
+		PQclear(res);
+		res = NULL;
+		sleep_ms(POLL_MS);
+	}
+	PQclear(res);
+	free(holders);
+	return rc;
+}
+
+/* Notes in the selection which keys must wait, and why: a key with a row in flight (leased,
+ * or locked right now by a claim or a mark in progress) would publish that row before the
+ * replayed ones, which are older. The key's unpublished rows that are free get locked until
+ * the replay commits, so no claim can take one meanwhile (SKIP LOCKED: the replay waits for
+ * nobody, and nobody waits for it but a relay marking a row that became leased a moment
+ * ago). The lease is read from the locked row version, not from the snapshot. */
+static int note_busy_keys(struct store *s, char *state)
+{
+	char sql[REPLAY_SQL_MAX];
+	int rc;
+
+	if ((rc = build(s, sql, sizeof(sql),
+	                "WITH k AS (SELECT DISTINCT ordering_key FROM " SEL
+	                " WHERE ordering_key IS NOT NULL),"
+	                " u AS MATERIALIZED (SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
+	                " COALESCE(o.locked_until >= now(), false) AS leased"
+	                " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
+	                " WHERE o.published_at IS NULL),"
+	                " l AS MATERIALIZED (SELECT o.seq, o.locked_by, o.published_at IS NULL"
+	                " AND COALESCE(o.locked_until >= now(), false) AS leased FROM %s o"
+	                " WHERE o.seq IN (SELECT seq FROM u WHERE NOT leased)"
+	                " FOR UPDATE OF o SKIP LOCKED),"
+	                " busy AS (SELECT u.ordering_key, (array_agg(CASE"
+	                " WHEN u.leased OR l.leased THEN format('row %%L is being published"
+	                " (leased by %%L)', u.id, COALESCE(l.locked_by, u.locked_by))"
+	                " ELSE format('row %%L is locked by another transaction', u.id) END"
+	                " ORDER BY u.seq))[1] AS reason"
+	                " FROM u LEFT JOIN l ON l.seq = u.seq"
+	                " WHERE u.leased OR l.seq IS NULL OR l.leased GROUP BY u.ordering_key)"
+	                " UPDATE " SEL " r SET reason = b.reason FROM busy b"
+	                " WHERE r.ordering_key = b.ordering_key",
+	                s->table, s->table)) != 0)
+		return rc;
+	return exec_state(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not check the keys",
+	                  state);
+}
+
+/* Makes the ready rows pending again with the header merged in (jsonb rewrites the text
+ * canonically), and drops them from the selection. */
+static int make_pending(struct store *s, const char *asked_at, int64_t *replayed, int64_t *gone,
+                        char *state)
+{
+	char sql[REPLAY_SQL_MAX];
+	const char *params[2] = { STORE_REPLAY_HEADER, asked_at };
+	PGresult *res = NULL;
+	int64_t done = 0, ready = 0;
+	int rc;
+
+	if ((rc = build(s, sql, sizeof(sql),
+	                "WITH sel AS MATERIALIZED (SELECT seq FROM " SEL " WHERE reason IS NULL),"
+	                " u AS (UPDATE %s o SET published_at = NULL, attempts = 0,"
+	                " last_error = NULL, available_at = now(), locked_by = NULL,"
+	                " locked_until = NULL,"
+	                " headers = (o.headers::jsonb || jsonb_build_object($1::text, $2::text))"
+	                "::text FROM sel WHERE o.seq = sel.seq AND o.published_at IS NOT NULL"
+	                " RETURNING 1),"
+	                " d AS (DELETE FROM " SEL " x USING sel WHERE x.seq = sel.seq)"
+	                " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM sel)",
+	                s->table)) != 0)
+		return rc;
+	rc = exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not replay", state);
+	if (rc != 0)
+		return rc;
+	if (store_parse_int64(PQgetvalue(res, 0, 0), &done) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 1), &ready) != 0) {
+		store_set_error(s, "could not read the number of replayed rows");
+		rc = STORE_ERR_QUERY;
+	} else {
+		*replayed = done;
+		*gone = ready - done;
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* A deadlock (with a purge deleting the same published rows, say) or a serialization
+ * failure: the step is rolled back and simply tried again. */
+static bool conflict(const char *state)
+{
+	return strcmp(state, "40P01") == 0 || strcmp(state, "40001") == 0 ||
+	       strcmp(state, "55P03") == 0;
+}
+
+int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
+                      struct store_replay_progress *p)
+{
+	char lock[STORE_NAME_MAX + 32], state[6] = "";
+	const char *params[1] = { lock };
+	PGresult *res = NULL;
+	char *why = NULL;
+	bool keyed = false;
+	int64_t replayed = 0, gone = 0, left = 0, keys = 0;
+	int rc;
+
+	snprintf(lock, sizeof(lock), "outbox-relay replay %s", s->table);
+	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) != 0)
+		return rc;
+	/* Two replays one at a time: each waits for the other's sequence lock otherwise. */
+	rc = store_exec(s, "SELECT pg_advisory_xact_lock(hashtext($1))", 1, params, PGRES_TUPLES_OK,
+	                NULL, "could not take the replay lock");
+	if (rc == 0)
+		rc = store_exec(s,
+		                "UPDATE " SEL " SET reason = NULL WHERE reason IS NOT NULL;"
+		                " SELECT EXISTS (SELECT 1 FROM " SEL
+		                " WHERE ordering_key IS NOT NULL)",
+		                0, NULL, PGRES_TUPLES_OK, &res, "could not replay");
+	if (rc != 0)
+		goto fail;
+	keyed = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	res = NULL;
+	if (keyed) {
+		rc = settle_sequence(s, wait_ms, &why);
+		if (rc == 1) {
+			/* The unkeyed rows go now; the keyed ones wait for the next step. */
+			const char *wp[1] = { why ? why : "a transaction is still open" };
+
+			rc = store_exec(
+			        s, "UPDATE " SEL " SET reason = $1 WHERE ordering_key IS NOT NULL",
+			        1, wp, PGRES_COMMAND_OK, NULL, "could not replay");
+		} else if (rc == 0) {
+			rc = note_busy_keys(s, state);
+		}
+		if (rc != 0)
+			goto fail;
+	}
+	if ((rc = make_pending(s, asked_at, &replayed, &gone, state)) != 0)
+		goto fail;
+	if (replayed > 0 && s->opts.channel && s->opts.channel[0]) {
+		const char *ch[1] = { s->opts.channel };
+
+		/* Delivered at commit: a relay asleep until its next poll claims them now. */
+		rc = store_exec(s, "SELECT pg_notify($1, '')", 1, ch, PGRES_TUPLES_OK, NULL,
+		                "could not notify the relay");
+		if (rc != 0)
+			goto fail;
+	}
+	if ((rc = store_exec(s, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) !=
+	    0)
+		goto out; /* a failed COMMIT ends the transaction */
+	rc = store_exec(s, "SELECT count(*), count(DISTINCT ordering_key) FROM " SEL, 0, NULL,
+	                PGRES_TUPLES_OK, &res, "could not replay");
+	if (rc != 0)
+		goto out;
+	if (store_parse_int64(PQgetvalue(res, 0, 0), &left) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 1), &keys) != 0) {
+		store_set_error(s, "could not read what is left to replay");
+		rc = STORE_ERR_QUERY;
+		goto out;
+	}
+	p->replayed += replayed;
+	p->gone += gone;
+	p->left = left;
+	p->left_keys = keys;
+	p->conflict = false;
+	goto out;
+fail:
+	rollback(s);
+	if (conflict(state)) {
+		p->conflict = true;
+		rc = 0;
+	}
+out:
+	PQclear(res);
+	free(why);
+	return rc;
+}
+
+int store_replay_skipped(struct store *s, store_replay_fn fn, void *arg)
+{
+	PGresult *res = NULL;
+	int rc;
+
+	rc = store_exec(s,
+	                "SELECT NULL, NULL, NULL, ordering_key, NULL, NULL,"
+	                " COALESCE((array_agg(reason ORDER BY seq))[1],"
+	                " 'it conflicted with other transactions until the time ran out'),"
+	                " count(*) FROM " SEL " GROUP BY ordering_key ORDER BY min(seq)",
+	                0, NULL, PGRES_TUPLES_OK, &res, "could not list the keys left");
+	if (rc != 0)
+		return rc;
+	rc = each_row(res, 8, fn, arg);
+	PQclear(res);
+	return rc;
+}
