@@ -36,6 +36,7 @@ static struct {
 	int n, rate, keys;
 	atomic_bool stop;
 	atomic_size_t failed;
+	atomic_size_t resolved_in, resolved_out; /* interrupted transactions: committed, not */
 	struct producer p[SOAK_MAX_PRODUCERS];
 } g;
 
@@ -284,17 +285,21 @@ static void *producer_main(void *arg)
 				continue;
 			}
 			rc = run_txn(p, &t, &commit_ms);
-			if (rc == 1 && PQstatus(p->c) == CONNECTION_OK) {
-				/* Rolled back for certain; the same ids go again. */
-				exec_ok(p->c, "ROLLBACK");
-				harness_sleep_ms(100);
-				continue;
-			}
 			if (rc != 0) {
-				/* The connection went away (a restart): find out what happened. */
-				PQfinish(p->c);
-				p->c = NULL;
+				/* Whatever went wrong (a restart, most likely), the table says whether
+				 * the ids are in: a transaction rolled back on a live connection, or
+				 * ended with the server, is never half there. */
+				if (PQstatus(p->c) == CONNECTION_OK) {
+					exec_ok(p->c, "ROLLBACK");
+				} else {
+					PQfinish(p->c);
+					p->c = NULL;
+				}
+				harness_sleep_ms(100);
 				rc = resolve(p, &t);
+				if (rc >= 0)
+					atomic_fetch_add(rc == 0 ? &g.resolved_in : &g.resolved_out,
+					                 1);
 				if (rc == 1)
 					continue;
 				if (rc < 0) {
@@ -322,12 +327,20 @@ void producers_start(const char *conninfo, const char *table, const char *exchan
 	g.rate = rate;
 	atomic_init(&g.stop, false);
 	atomic_init(&g.failed, 0);
+	atomic_init(&g.resolved_in, 0);
+	atomic_init(&g.resolved_out, 0);
 	for (int i = 0; i < n; i++) {
 		g.p[i].index = i;
 		g.p[i].rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 7919u + 1u;
 		if (pthread_create(&g.p[i].thread, NULL, producer_main, &g.p[i]) != 0)
 			abort();
 	}
+}
+
+void producers_resolved(size_t *committed, size_t *retried)
+{
+	*committed = atomic_load(&g.resolved_in);
+	*retried = atomic_load(&g.resolved_out);
 }
 
 size_t producers_stop(void)

@@ -16,4 +16,8 @@ void producers_start(const char *conninfo, const char *table, const char *exchan
  * gave up on learning a transaction's outcome (0 expected). */
 size_t producers_stop(void);
 
+/* Transactions that failed part way and were looked up afterwards: how many had committed
+ * after all, how many had not (and were run again with the same ids). */
+void producers_resolved(size_t *committed, size_t *retried);
+
 #endif

@@ -641,7 +641,7 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	struct soak_totals t;
 	int64_t worst_by_kind[SOAK_N_FAULTS], worst_ms;
 	double pend_all, pend_clear;
-	size_t total_faults = 0;
+	size_t total_faults = 0, res_in, res_out;
 	int worst;
 
 	soak_totals(&t);
@@ -666,6 +666,10 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	printf("%-14s %7zu %12s %12zu\n", "total", total_faults, "", t.duplicates);
 	printf("\nrows committed            %zu (keyed %zu, unkeyed %zu)\n", t.committed,
 	       t.committed_keyed, t.committed - t.committed_keyed);
+	producers_resolved(&res_in, &res_out);
+	printf("  interrupted transactions looked up afterwards: %zu had committed, %zu had not "
+	       "(run again)\n",
+	       res_in, res_out);
 	printf("rows delivered (unique)   %zu (%zu deliveries)\n", t.delivered_unique,
 	       t.deliveries);
 	printf("lost                      %zu (never delivered, and published or gone)\n", t.lost);
