@@ -27,6 +27,13 @@ static const char usage[] =
         "  discard --id ID...       delete unpublished rows\n"
         "  keys --blocked [--json]  ordering keys held up by a failed or dead head row\n"
         "  purge --older-than D     delete published rows older than D\n"
+        "  replay FILTER... [--dry-run] [--yes]\n"
+        "                           publish retained published rows again; FILTER:\n"
+        "                           --since T, --until T (a time, or a duration ago),\n"
+        "                           --by published|created (which time; published),\n"
+        "                           --exchange X, --routing-key PATTERN ('*' any run of\n"
+        "                           characters, '?' one), --ordering-key K, --id ID...;\n"
+        "                           over 10000 rows needs --yes\n"
         "  config check|show        validate, or print the effective configuration\n"
         "  healthcheck              exit 0 when /readyz answers 200 (Docker HEALTHCHECK)\n"
         "  version                  print the version\n"
@@ -42,12 +49,19 @@ static const struct {
 	const char *name;
 	command_fn fn;
 } commands[] = {
-	{ "run", command_run },         { "schema", command_schema },
-	{ "migrate", command_migrate }, { "enqueue", command_enqueue },
-	{ "status", command_status },   { "dead", command_dead },
-	{ "requeue", command_requeue }, { "discard", command_discard },
-	{ "keys", command_keys },       { "purge", command_purge },
-	{ "config", command_config },   { "healthcheck", command_healthcheck },
+	{ "run", command_run },
+	{ "schema", command_schema },
+	{ "migrate", command_migrate },
+	{ "enqueue", command_enqueue },
+	{ "status", command_status },
+	{ "dead", command_dead },
+	{ "requeue", command_requeue },
+	{ "discard", command_discard },
+	{ "keys", command_keys },
+	{ "purge", command_purge },
+	{ "replay", command_replay },
+	{ "config", command_config },
+	{ "healthcheck", command_healthcheck },
 };
 
 int main(int argc, char **argv)

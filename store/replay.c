@@ -67,6 +67,10 @@ static int exec_state(struct store *s, const char *sql, int n, const char *const
 		if (st)
 			snprintf(state, 6, "%s", st);
 		rc = store_result_error(s, res, what);
+		/* The operator's input: the server's one line says it (no statement context). */
+		if (strncmp(state, "22", 2) == 0 &&
+		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY))
+			store_set_line(s, NULL, PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY));
 		PQclear(res);
 		return rc;
 	}
@@ -176,7 +180,7 @@ int store_replay_time(struct store *s, const char *at, int64_t ago_ms, char *out
 	                             " COALESCE($1::timestamptz, now() - $2::bigint * interval '1 "
 	                             "millisecond')"
 	                             " AS t) x",
-	                2, params, PGRES_TUPLES_OK, &res, "not a time", state);
+	                2, params, PGRES_TUPLES_OK, &res, "could not read the time", state);
 	if (rc != 0)
 		return strncmp(state, "22", 2) == 0 ? 1 : rc; /* class 22: data exception */
 	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
@@ -278,6 +282,11 @@ static int each_row(PGresult *res, int ncols, store_replay_fn fn, void *arg)
 	return 0;
 }
 
+/* What --dry-run shows of a row, as each_row() reads it; seq last, for the next page. */
+#define LIST_COLUMNS                                                     \
+	"o.id, o.exchange_name, o.routing_key, o.ordering_key, " ISO_MS( \
+	        "o.published_at") ", " ISO_MS("o.created_at") ", NULL, NULL, o.seq"
+
 int store_replay_list(struct store *s, store_replay_fn fn, void *arg)
 {
 	char sql[REPLAY_SQL_MAX], after[24] = "0";
@@ -286,14 +295,9 @@ int store_replay_list(struct store *s, store_replay_fn fn, void *arg)
 
 	/* Pages by seq, so that a large selection is never held in memory at once. */
 	if ((rc = build(s, sql, sizeof(sql),
-	                "SELECT o.id, o.exchange_name, o.routing_key, o.ordering_key, " ISO_MS(
-	                        "o.published_at") ", " ISO_MS("o.created_at") ", NULL, NULL, o.seq"
-	                                                                      " FROM %s o JOIN " SEL
-	                                                                      " r ON r.seq = o.seq"
-	                                                                      " WHERE o.seq > "
-	                                                                      "$1::bigint ORDER BY "
-	                                                                      "o.seq LIMIT %d",
-	                s->table, REPLAY_PAGE)) != 0)
+	                "SELECT %s FROM %s o JOIN " SEL " r ON r.seq = o.seq"
+	                " WHERE o.seq > $1::bigint ORDER BY o.seq LIMIT %d",
+	                LIST_COLUMNS, s->table, REPLAY_PAGE)) != 0)
 		return rc;
 	for (;;) {
 		PGresult *res = NULL;
