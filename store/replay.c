@@ -411,6 +411,16 @@ static void sleep_ms(int64_t ms)
 	nanosleep(&ts, NULL);
 }
 
+/* How many of the holders $3 (virtual transaction ids) still hold a lock on the sequence $1
+ * in database $2, and one of them described for the operator. */
+#define HOLDERS_LEFT_SQL                                                                   \
+	"SELECT count(*), max(CASE WHEN l.pid IS NULL THEN 'a prepared transaction'"       \
+	" ELSE format('pid %s, open for %s s', a.pid, COALESCE(floor(extract(epoch FROM"   \
+	" clock_timestamp() - a.xact_start))::text, '?')) END)"                            \
+	" FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid"                   \
+	" WHERE l.locktype = 'relation' AND l.relation = $1::oid AND l.database = $2::oid" \
+	" AND l.virtualtransaction = ANY($3::text[]) AND l.pid IS DISTINCT FROM pg_backend_pid()"
+
 /* Takes the lock a producer holds on the seq sequence from its INSERT to its end, then
  * waits (up to wait_ms) until every other transaction that held it has ended. From then on
  * until this transaction ends, the relay's ordering watermark (store/watermark.h) cannot
@@ -452,17 +462,8 @@ static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
 	for (;;) {
 		int64_t left = 0;
 
-		rc = store_exec(
-		        s,
-		        "SELECT count(*), max(CASE WHEN l.pid IS NULL"
-		        " THEN 'a prepared transaction' ELSE format('pid %s, open for %s s',"
-		        " a.pid, floor(extract(epoch FROM clock_timestamp() - a.xact_start)))"
-		        " END)"
-		        " FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid"
-		        " WHERE l.locktype = 'relation' AND l.relation = $1::oid"
-		        " AND l.database = $2::oid AND l.virtualtransaction = ANY($3::text[])"
-		        " AND l.pid IS DISTINCT FROM pg_backend_pid()",
-		        3, params, PGRES_TUPLES_OK, &res, "could not read the sequence's holders");
+		rc = store_exec(s, HOLDERS_LEFT_SQL, 3, params, PGRES_TUPLES_OK, &res,
+		                "could not read the sequence's holders");
 		if (rc != 0)
 			break;
 		if (store_parse_int64(PQgetvalue(res, 0, 0), &left) != 0 || left == 0) {
