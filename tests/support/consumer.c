@@ -19,6 +19,8 @@
 #define CONSUMER_POLL_US 100000
 /* How long consumer_open() waits for the first basic.consume. */
 #define CONSUMER_START_MS 20000
+/* With url_list: how long one request may take before the consumer tries the next node. */
+#define CONSUMER_RPC_TIMEOUT_S 10
 
 struct entry {
 	struct consumer_msg *first;
@@ -34,6 +36,7 @@ struct consumer {
 	struct consumer_options opt;
 	atomic_size_t counted; /* deliveries handled, whatever the options */
 	atomic_bool failed;    /* no_reconnect: the thread ended on an error */
+	size_t url_next;       /* url_list: the node of the next connection (consumer thread) */
 
 	pthread_mutex_t mu; /* guards everything below */
 	json_t *index;      /* message id -> index into entries */
@@ -283,6 +286,23 @@ static void set_error(struct consumer *c, const char *what, amqp_rpc_reply_t r)
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* The URL of the next connection: c->url, or with url_list its node number url_next (modulo
+ * the number of nodes). New string. */
+static char *next_url(const struct consumer *c)
+{
+	const char *p = c->url, *end;
+	size_t n = 1, k;
+
+	if (!c->opt.url_list)
+		return dup_str(c->url);
+	for (const char *q = c->url; (q = strchr(q, ',')) != NULL; q++)
+		n++;
+	for (k = c->url_next % n; k > 0; k--)
+		p = strchr(p, ',') + 1;
+	end = strchr(p, ',');
+	return strndup(p, end ? (size_t)(end - p) : strlen(p));
+}
+
 /* One connection from login to basic.consume; NULL (and last_error set) on failure. */
 static amqp_connection_state_t open_consumer(struct consumer *c)
 {
@@ -290,15 +310,31 @@ static amqp_connection_state_t open_consumer(struct consumer *c)
 	amqp_connection_state_t conn = amqp_new_connection();
 	amqp_socket_t *sock = amqp_tcp_socket_new(conn);
 	struct timeval tv = { .tv_sec = 5 };
-	char *url = dup_str(c->url);
+	struct timeval rpc_tv = { .tv_sec = CONSUMER_RPC_TIMEOUT_S };
+	char *url = next_url(c);
 	amqp_rpc_reply_t r = { .reply_type = AMQP_RESPONSE_NORMAL };
+	amqp_table_entry_t type_arg = {
+		.key = amqp_cstring_bytes("x-queue-type"),
+		.value = { .kind = AMQP_FIELD_KIND_UTF8,
+		           .value = { .bytes = amqp_cstring_bytes(
+		                              c->opt.queue_type ? c->opt.queue_type : "") } },
+	};
+	amqp_table_t args = amqp_empty_table;
 	const char *step = "parse url";
 
+	if (url == NULL)
+		abort();
+	if (c->opt.queue_type) {
+		args.num_entries = 1;
+		args.entries = &type_arg;
+	}
 	if (sock == NULL || amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
 		goto fail;
 	step = "connect";
 	if (amqp_socket_open_noblock(sock, ci.host, ci.port, &tv) != AMQP_STATUS_OK)
 		goto fail;
+	if (c->opt.url_list)
+		(void)amqp_set_rpc_timeout(conn, &rpc_tv);
 	/* rabbitmq-c reads a trailing "/" as the empty vhost; the tests mean the default one. */
 	if (ci.vhost == NULL || ci.vhost[0] == '\0')
 		ci.vhost = "/";
@@ -325,7 +361,7 @@ static amqp_connection_state_t open_consumer(struct consumer *c)
 			goto fail;
 	}
 	step = "queue.declare";
-	amqp_queue_declare(conn, 1, amqp_cstring_bytes(c->queue), 0, 1, 0, 0, amqp_empty_table);
+	amqp_queue_declare(conn, 1, amqp_cstring_bytes(c->queue), 0, 1, 0, 0, args);
 	if ((r = amqp_get_rpc_reply(conn)).reply_type != AMQP_RESPONSE_NORMAL)
 		goto fail;
 	if (c->exchange[0]) {
@@ -348,6 +384,7 @@ fail:
 	set_error(c, step, r);
 	amqp_destroy_connection(conn);
 	free(url);
+	c->url_next++; /* url_list: the next node */
 	return NULL;
 }
 
@@ -434,6 +471,7 @@ static void *consumer_main(void *arg)
 			if (amqp_basic_ack(conn, 1, tag, 0) != AMQP_STATUS_OK) {
 				amqp_destroy_connection(conn);
 				conn = NULL;
+				c->url_next++;
 				if (give_up(c))
 					break;
 			}
@@ -447,6 +485,7 @@ static void *consumer_main(void *arg)
 		set_error(c, "consume", r);
 		amqp_destroy_connection(conn);
 		conn = NULL;
+		c->url_next++;
 		if (give_up(c))
 			break;
 		sleep_ms(100);

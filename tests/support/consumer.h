@@ -87,6 +87,16 @@ struct consumer_options {
 	 * the consumer reads nothing while it runs. NULL = none. */
 	consumer_delivery_fn on_delivery;
 	void *arg;
+	/* The queue's x-queue-type when the consumer declares it ("quorum", "stream"; borrowed
+	 * until consumer_stop()); NULL = none, a classic queue. A quorum queue refuses a declare
+	 * that does not name its type. */
+	const char *queue_type;
+	/* url is a list of nodes separated by commas, as amqp.url takes them: the first
+	 * connection goes to the first, and each new one to the node after the one used last,
+	 * so the consumer follows a cluster whose node it used went away. Every request then
+	 * gives up after 10 s, so that a node that cannot answer (a quorum queue without its
+	 * majority) makes the consumer try the next one instead of hanging. */
+	bool url_list;
 };
 
 /* consumer_open() with options (opt may be NULL: then the same as consumer_open(); it is
