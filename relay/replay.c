@@ -207,7 +207,7 @@ static void log_replay(const struct config *cfg, const struct replay_args *a, co
 	          error ? "could not replay published rows" : "replayed published rows",
 	          LOG_INT("rows", p->replayed), LOG_INT("selected", selected),
 	          LOG_INT("skipped_keys", p->left_keys), LOG_INT("skipped_rows", p->left),
-	          LOG_INT("purged", p->gone), LOG_STR("table", cfg->database_table),
+	          LOG_INT("gone", p->gone), LOG_STR("table", cfg->database_table),
 	          LOG_OPT("since", since[0] ? since : NULL),
 	          LOG_OPT("until", until[0] ? until : NULL),
 	          LOG_OPT("by", since[0] || until[0] ? (a->by ? a->by : "published") : NULL),
@@ -374,8 +374,9 @@ int command_replay(const struct config *cfg, int argc, char **argv)
 	       p.replayed, p.replayed == 1 ? "" : "s", cfg->database_table, STORE_REPLAY_HEADER,
 	       asked_at);
 	if (p.gone > 0)
-		printf("%" PRId64 " selected row%s had been purged meanwhile\n", p.gone,
-		       p.gone == 1 ? "" : "s");
+		printf("%" PRId64 " selected row%s no longer published when %s turn came (purged, "
+		       "or replayed by another replay)\n",
+		       p.gone, p.gone == 1 ? " was" : "s were", p.gone == 1 ? "its" : "their");
 	if (p.left > 0) {
 		if (store_replay_skipped(s, print_skipped, NULL) < 0)
 			fprintf(stderr, "outbox-relay: replay: could not list the keys left: %s\n",

@@ -281,7 +281,8 @@ typedef int (*store_replay_fn)(const struct store_replay_row *r, void *arg);
 /* What the steps did so far (start from zero, left = the selection's size). */
 struct store_replay_progress {
 	int64_t replayed;  /* rows made pending again */
-	int64_t gone;      /* selected rows no longer published when their turn came (purged) */
+	int64_t gone;      /* selected rows no longer published when their turn came (purged,
+	                      or replayed by another replay meanwhile) */
 	int64_t left;      /* rows still selected: their keys must wait */
 	int64_t left_keys; /* and their keys */
 	bool conflict;     /* the last step hit a deadlock and changed nothing: try again */

@@ -14,6 +14,7 @@
 
 #include "store/outbox_store.h"
 #include "tests/support/fixture.h"
+#include "tests/support/http_probe.h"
 #include "tests/support/ordering_load.h"
 
 /* Generous: the suite runs under ASan on two cores beside other test files. */
@@ -633,6 +634,52 @@ Test(replay, nothing_to_replay_when_retention_is_0, .timeout = 300)
 	harness_output_free(&o);
 	harness_sleep_ms(500);
 	cr_assert_eq(consumer_received(t.cons), 5, "something was published again");
+	fixture_teardown(&t);
+}
+
+/* The value of the sample named exactly series in a /metrics text; -1 when absent. */
+static double metric(const char *listen, const char *series)
+{
+	struct probe_reply r = probe_get(listen, "/metrics");
+	size_t n = strlen(series);
+	double v = -1;
+
+	cr_assert_eq(r.status, 200, "/metrics answered %d", r.status);
+	for (const char *p = strstr(r.body, series); p; p = strstr(p + n, series))
+		if ((p == r.body || p[-1] == '\n') && p[n] == ' ') {
+			v = strtod(p + n + 1, NULL);
+			break;
+		}
+	free(r.body);
+	return v;
+}
+
+/* The relay counts the rows it published again because of a replay (they carry its header).
+ * Disabled until relay/worker.c counts them into outbox_relay_replayed_total. */
+Test(replay, the_relay_counts_replayed_rows, .timeout = 300, .disabled = true)
+{
+	struct fixture t;
+	struct harness_output o;
+	char listen[64], e_listen[96];
+
+	fixture_setup(&t, "rp_metric", NULL);
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
+	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", listen);
+	harness_insert_rows(t.pg, t.table, 3, t.exchange, "a.b", "m", NULL, NULL);
+	fixture_relay_start(
+	        &t, (const char *const[]){ e_listen, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL });
+	fixture_expect_unique(&t, t.cons, 3, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(pending(&t, "true") == 0, 30000);
+	cr_assert_eq(metric(listen, "outbox_relay_replayed_total"), 0);
+
+	REPLAY(&o, &t, NULL, "--id", "m-0000000", "m-0000001");
+	cr_assert_eq(o.status, 0, "%s%s", o.out, o.err);
+	harness_output_free(&o);
+	expect_received(&t, t.cons, 5);
+	HARNESS_WAIT(metric(listen, "outbox_relay_replayed_total") == 2, 30000);
+	cr_assert_eq(metric(listen, "outbox_relay_replayed_total"), 2);
+	HARNESS_WAIT(metric(listen, "outbox_relay_published_total") == 5, 30000);
+	cr_assert_eq(metric(listen, "outbox_relay_published_total"), 5);
 	fixture_teardown(&t);
 }
 
