@@ -1,19 +1,24 @@
 /* High-availability test helpers (see ha.h): the commands tests/ha/services.sh writes, run
- * through harness_shell(), plus libpq and rabbitmq-c steps against single nodes, and a
- * publisher with confirms that keeps the answer to every delivery tag. */
+ * through harness_shell(), plus libpq and rabbitmq-c steps against single nodes, a publisher
+ * with confirms that keeps the answer to every delivery tag, producers that keep committing
+ * through a failover, and the relay's broker node as its log tells. */
 #include "tests/support/ha.h"
 
 #include <amqp_tcp_socket.h>
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <jansson.h>
 
+#include "tests/support/consumer.h"
 #include "tests/support/harness.h"
 
 /* Every RPC (declare, close, ...) gives up after this: a broker that stopped reading must
@@ -812,4 +817,478 @@ void ha_publisher_close(struct ha_publisher *p)
 		ha_amqp_close(p->conn);
 	free(p->state);
 	free(p);
+}
+
+/* ---- producers ---- */
+
+#define HA_PRODUCER_THREADS  8
+#define HA_PRODUCER_ROWS     100000
+#define HA_PRODUCER_RETRY_MS 50
+
+struct producer_thread {
+	struct ha_producer *p;
+	int index;
+	pthread_t thread;
+	bool started;
+	uint64_t rng;
+	struct ha_commit *rows; /* max_rows records; rows[0, n) are filled */
+	atomic_size_t n;
+};
+
+struct ha_producer {
+	char conninfo[1024];
+	char table[128], exchange[256], routing_key[256], prefix[16];
+	int keys;
+	int64_t pause_ms;
+	size_t max_rows;
+	int n_threads;
+	atomic_bool stop;
+	atomic_size_t retries;
+	struct producer_thread t[HA_PRODUCER_THREADS];
+};
+
+static uint64_t next_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* Runs one statement; true when it returned expect. *res gets the result when res is not
+ * NULL (the caller clears it), else it is cleared here. */
+static bool producer_exec(PGconn *c, const char *sql, int nparams, const char *const *params,
+                          ExecStatusType expect, PGresult **res)
+{
+	PGresult *r = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+	bool ok = PQresultStatus(r) == expect;
+
+	if (res != NULL && ok)
+		*res = r;
+	else
+		PQclear(r);
+	return ok;
+}
+
+/* One attempt at committing row id: 0 committed (*earlier: the id was there already), -1
+ * not, or not known (the caller retries with the same id). */
+static int producer_attempt(struct producer_thread *t, PGconn *c, const char *id, int key,
+                            bool *earlier)
+{
+	struct ha_producer *p = t->p;
+	char sql[512], keyname[32], keynum[16], body[96];
+	const char *params[5];
+	PGresult *res = NULL;
+	bool ok;
+
+	if (!producer_exec(c, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL))
+		return -1;
+	if (key >= 0) {
+		snprintf(keynum, sizeof(keynum), "%d", key);
+		params[0] = p->table;
+		params[1] = keynum;
+		if (!producer_exec(c, "SELECT pg_advisory_xact_lock(hashtext($1), $2::int)", 2,
+		                   params, PGRES_TUPLES_OK, NULL))
+			goto rollback;
+		snprintf(keyname, sizeof(keyname), "%sk%02d", p->prefix, key);
+	}
+	snprintf(body, sizeof(body), "{\"id\":\"%s\",\"key\":%d}", id, key);
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	         " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+	         p->table);
+	params[0] = id;
+	params[1] = p->exchange;
+	params[2] = p->routing_key;
+	params[3] = body;
+	params[4] = key >= 0 ? keyname : NULL;
+	if (!producer_exec(c, sql, 5, params, PGRES_COMMAND_OK, &res))
+		goto rollback;
+	*earlier = strcmp(PQcmdTuples(res), "0") == 0;
+	PQclear(res);
+	res = NULL;
+	/* COMMIT of a transaction that failed answers ROLLBACK, also with PGRES_COMMAND_OK. */
+	ok = producer_exec(c, "COMMIT", 0, NULL, PGRES_COMMAND_OK, &res) &&
+	     strcmp(PQcmdStatus(res), "COMMIT") == 0;
+	PQclear(res);
+	return ok ? 0 : -1;
+rollback:
+	if (PQstatus(c) == CONNECTION_OK)
+		PQclear(PQexec(c, "ROLLBACK"));
+	return -1;
+}
+
+static void *producer_main(void *arg)
+{
+	struct producer_thread *t = arg;
+	struct ha_producer *p = t->p;
+	PGconn *c = NULL;
+	size_t next = 0;
+	int key = p->keys > 0 ? (int)(next_rand(&t->rng) % (uint64_t)p->keys) : -1;
+
+	while (!atomic_load(&p->stop) && next < p->max_rows) {
+		char id[48];
+		int64_t begin = harness_now_ms();
+		bool earlier = false;
+
+		if (c == NULL || PQstatus(c) != CONNECTION_OK) {
+			PQfinish(c);
+			c = PQconnectdb(p->conninfo);
+			if (PQstatus(c) != CONNECTION_OK) {
+				PQfinish(c);
+				c = NULL;
+				harness_sleep_ms(HA_PRODUCER_RETRY_MS);
+				continue;
+			}
+			PQsetNoticeProcessor(c, quiet_notices, NULL);
+		}
+		snprintf(id, sizeof(id), "%s%d-%07zu", p->prefix, t->index, next);
+		if (producer_attempt(t, c, id, key, &earlier) != 0) {
+			/* Same id and key again: ON CONFLICT makes the retry harmless when the
+			 * failed COMMIT did commit. */
+			atomic_fetch_add(&p->retries, 1);
+			if (PQstatus(c) != CONNECTION_OK) {
+				PQfinish(c);
+				c = NULL;
+			}
+			harness_sleep_ms(HA_PRODUCER_RETRY_MS);
+			continue;
+		}
+		t->rows[next] = (struct ha_commit){
+			.key = key,
+			.begin_ms = begin,
+			.commit_ms = harness_now_ms(),
+			.earlier = earlier,
+		};
+		atomic_store(&t->n, ++next);
+		if (p->keys > 0)
+			key = (int)(next_rand(&t->rng) % (uint64_t)p->keys);
+		if (p->pause_ms > 0)
+			harness_sleep_ms(p->pause_ms);
+	}
+	PQfinish(c);
+	return NULL;
+}
+
+struct ha_producer *ha_producer_start(const struct ha_producer_options *opt)
+{
+	struct ha_producer *p = calloc(1, sizeof(*p));
+
+	cr_assert_not_null(p);
+	cr_assert(opt->threads >= 1 && opt->threads <= HA_PRODUCER_THREADS,
+	          "ha_producer_start: 1 to %d threads, not %d", HA_PRODUCER_THREADS, opt->threads);
+	cr_assert(opt->prefix && opt->prefix[0] && strlen(opt->prefix) < sizeof(p->prefix),
+	          "ha_producer_start: a prefix of 1 to %zu characters", sizeof(p->prefix) - 1);
+	cr_assert(opt->keys >= 0 && opt->keys < 100, "ha_producer_start: 0 to 99 keys");
+	snprintf(p->conninfo, sizeof(p->conninfo), "%s",
+	         opt->conninfo ? opt->conninfo : ha_pg_conninfo());
+	snprintf(p->table, sizeof(p->table), "%s", opt->table);
+	snprintf(p->exchange, sizeof(p->exchange), "%s", opt->exchange);
+	snprintf(p->routing_key, sizeof(p->routing_key), "%s",
+	         opt->routing_key ? opt->routing_key : "ha.row");
+	snprintf(p->prefix, sizeof(p->prefix), "%s", opt->prefix);
+	p->keys = opt->keys;
+	p->pause_ms = opt->pause_ms;
+	p->max_rows = opt->max_rows > 0 ? opt->max_rows : HA_PRODUCER_ROWS;
+	p->n_threads = opt->threads;
+	atomic_init(&p->stop, false);
+	atomic_init(&p->retries, 0);
+	for (int i = 0; i < p->n_threads; i++) {
+		struct producer_thread *t = &p->t[i];
+
+		t->p = p;
+		t->index = i;
+		t->rng = ((uint64_t)harness_now_ms() << 8) ^
+		         (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+		if (t->rng == 0)
+			t->rng = 1;
+		atomic_init(&t->n, 0);
+		t->rows = calloc(p->max_rows, sizeof(*t->rows));
+		cr_assert_not_null(t->rows);
+	}
+	for (int i = 0; i < p->n_threads; i++) {
+		if (pthread_create(&p->t[i].thread, NULL, producer_main, &p->t[i]) != 0) {
+			ha_producer_free(p);
+			cr_assert_fail("could not start producer thread %d", i);
+		}
+		p->t[i].started = true;
+	}
+	return p;
+}
+
+size_t ha_producer_committed(struct ha_producer *p)
+{
+	size_t n = 0;
+
+	for (int i = 0; i < p->n_threads; i++)
+		n += atomic_load(&p->t[i].n);
+	return n;
+}
+
+size_t ha_producer_retries(struct ha_producer *p)
+{
+	return atomic_load(&p->retries);
+}
+
+size_t ha_producer_stop(struct ha_producer *p)
+{
+	atomic_store(&p->stop, true);
+	for (int i = 0; i < p->n_threads; i++) {
+		if (p->t[i].started)
+			pthread_join(p->t[i].thread, NULL);
+		p->t[i].started = false;
+	}
+	return ha_producer_committed(p);
+}
+
+const struct ha_commit *ha_producer_find(struct ha_producer *p, const char *id)
+{
+	size_t plen = strlen(p->prefix);
+	unsigned long long t, n;
+	char *end;
+
+	if (strncmp(id, p->prefix, plen) != 0)
+		return NULL;
+	errno = 0;
+	t = strtoull(id + plen, &end, 10);
+	if (errno != 0 || end == id + plen || *end != '-' || t >= (unsigned long long)p->n_threads)
+		return NULL;
+	id = end + 1;
+	n = strtoull(id, &end, 10);
+	if (errno != 0 || end == id || *end != '\0' || n >= atomic_load(&p->t[t].n))
+		return NULL;
+	return &p->t[t].rows[n];
+}
+
+void ha_producer_each(struct ha_producer *p, ha_commit_fn fn, void *arg)
+{
+	char id[48];
+
+	for (int i = 0; i < p->n_threads; i++) {
+		size_t n = atomic_load(&p->t[i].n);
+
+		for (size_t k = 0; k < n; k++) {
+			snprintf(id, sizeof(id), "%s%d-%07zu", p->prefix, i, k);
+			fn(id, &p->t[i].rows[k], arg);
+		}
+	}
+}
+
+void ha_producer_free(struct ha_producer *p)
+{
+	if (p == NULL)
+		return;
+	(void)ha_producer_stop(p);
+	for (int i = 0; i < p->n_threads; i++)
+		free(p->t[i].rows);
+	free(p);
+}
+
+/* ---- the relay's log ---- */
+
+/* The node whose AMQP port is port, 0 when none. */
+static int amqp_node_by_port(long port)
+{
+	for (int n = 1; n <= HA_RMQ_NODES; n++) {
+		const char *v = node_env("AMQP", n, "_PORT");
+
+		if (strtol(v, NULL, 10) == port)
+			return n;
+	}
+	return 0;
+}
+
+int ha_relay_broker_node(const struct harness_relay *r)
+{
+	char *log = harness_relay_log(r);
+	int node = 0;
+
+	for (char *line = log; line != NULL && *line;) {
+		char *nl = strchr(line, '\n');
+		const char *server;
+
+		if (nl)
+			*nl = '\0';
+		server = strstr(line, " server=");
+		if (server && strstr(line, " to=broker") &&
+		    (strstr(line, "msg=\"connected\"") || strstr(line, "msg=\"reconnected\""))) {
+			const char *colon = strchr(server, ':');
+			int n = colon ? amqp_node_by_port(strtol(colon + 1, NULL, 10)) : 0;
+
+			if (n != 0)
+				node = n;
+		}
+		line = nl ? nl + 1 : NULL;
+	}
+	free(log);
+	return node;
+}
+
+int ha_wait_relay_broker_node(const struct harness_relay *r, int other_than, int64_t timeout_ms)
+{
+	int node = 0;
+
+	HARNESS_WAIT((node = ha_relay_broker_node(r)) != 0 && node != other_than, timeout_ms);
+	if (node == 0 || node == other_than)
+		harness_relay_dump_log(r);
+	cr_assert(node != 0 && node != other_than,
+	          "the relay logged no broker connection to a node other than %d within %lld ms",
+	          other_than, (long long)timeout_ms);
+	return node;
+}
+
+/* ---- what a consumer saw ---- */
+
+#define DELIVERY_CHUNK 4096
+
+struct lost_walk {
+	struct consumer *c;
+	const char *what;
+	size_t lost;
+};
+
+static void count_lost(const char *id, const struct ha_commit *row, void *arg)
+{
+	struct lost_walk *w = arg;
+
+	(void)row;
+	if (consumer_count(w->c, id) > 0)
+		return;
+	if (w->what != NULL && w->lost < 10)
+		cr_log_error("%s: %s was committed and never received", w->what, id);
+	w->lost++;
+}
+
+size_t ha_count_lost(struct consumer *c, struct ha_producer *const *ps, size_t n, const char *what)
+{
+	struct lost_walk w = { .c = c, .what = what, .lost = 0 };
+
+	for (size_t i = 0; i < n; i++)
+		ha_producer_each(ps[i], count_lost, &w);
+	return w.lost;
+}
+
+size_t ha_wait_delivered(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                         int64_t timeout_ms, const char *what)
+{
+	int64_t deadline = harness_now_ms() + timeout_ms;
+
+	/* Every half second: a count walks every row the producers committed. */
+	while (ha_count_lost(c, ps, n, NULL) > 0 && harness_now_ms() < deadline)
+		harness_sleep_ms(500);
+	return ha_count_lost(c, ps, n, what);
+}
+
+int64_t ha_first_fresh_delivery(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                                int64_t since_ms)
+{
+	const char *ids[DELIVERY_CHUNK];
+	int64_t at[DELIVERY_CHUNK];
+	size_t from = 0, got;
+
+	while ((got = consumer_deliveries(c, from, ids, at, DELIVERY_CHUNK)) > 0) {
+		for (size_t i = 0; i < got; i++) {
+			for (size_t k = 0; k < n; k++) {
+				const struct ha_commit *row = ha_producer_find(ps[k], ids[i]);
+
+				if (row != NULL && !row->earlier && row->begin_ms >= since_ms)
+					return at[i];
+			}
+		}
+		from += got;
+	}
+	return -1;
+}
+
+int64_t ha_first_delivery_after(struct consumer *c, int64_t from_ms)
+{
+	const char *ids[DELIVERY_CHUNK];
+	int64_t at[DELIVERY_CHUNK];
+	size_t from = 0, got;
+
+	while ((got = consumer_deliveries(c, from, ids, at, DELIVERY_CHUNK)) > 0) {
+		for (size_t i = 0; i < got; i++) {
+			if (at[i] >= from_ms)
+				return at[i];
+		}
+		from += got;
+	}
+	return -1;
+}
+
+int64_t ha_longest_pause(struct consumer *c, int64_t from_ms, int64_t to_ms, int64_t *end_ms)
+{
+	const char *ids[DELIVERY_CHUNK];
+	int64_t at[DELIVERY_CHUNK], prev = -1, longest = 0, end = 0;
+	size_t from = 0, got;
+
+	while ((got = consumer_deliveries(c, from, ids, at, DELIVERY_CHUNK)) > 0) {
+		for (size_t i = 0; i < got; i++) {
+			if (prev >= 0 && at[i] >= from_ms && at[i] <= to_ms &&
+			    at[i] - prev > longest) {
+				longest = at[i] - prev;
+				end = at[i];
+			}
+			prev = at[i];
+		}
+		from += got;
+	}
+	if (end_ms)
+		*end_ms = end;
+	return longest;
+}
+
+size_t ha_check_key_order(PGconn *pg, const char *table, struct consumer *c, const char *what)
+{
+	const char *ids[DELIVERY_CHUNK];
+	json_t *key_of = json_object(), *seen = json_object(), *next = json_object();
+	PGresult *res;
+	size_t rows, from = 0, got, checked = 0;
+	char sql[512];
+
+	cr_assert(key_of && seen && next);
+	/* Within a key, seq order is commit order (the producers hold the key's lock to COMMIT). */
+	snprintf(sql, sizeof(sql),
+	         "SELECT id, ordering_key FROM %s WHERE ordering_key IS NOT NULL"
+	         " ORDER BY ordering_key, seq",
+	         table);
+	res = PQexec(pg, sql);
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s: %s", what, PQerrorMessage(pg));
+	rows = (size_t)PQntuples(res);
+	for (size_t i = 0; i < rows; i++)
+		json_object_set_new(key_of, PQgetvalue(res, (int)i, 0),
+		                    json_integer((json_int_t)i));
+	/* next[key] = the row number the key's next first delivery must be. */
+	for (size_t i = rows; i-- > 0;)
+		json_object_set_new(next, PQgetvalue(res, (int)i, 1), json_integer((json_int_t)i));
+	while ((got = consumer_deliveries(c, from, ids, NULL, DELIVERY_CHUNK)) > 0) {
+		for (size_t i = 0; i < got; i++) {
+			json_t *row = json_object_get(key_of, ids[i]);
+			const char *key;
+			json_int_t want, have;
+
+			if (row == NULL || json_object_get(seen, ids[i]) != NULL)
+				continue; /* not keyed, or a duplicate */
+			json_object_set_new(seen, ids[i], json_true());
+			have = json_integer_value(row);
+			key = PQgetvalue(res, (int)have, 1);
+			want = json_integer_value(json_object_get(next, key));
+			cr_assert_eq(
+			        have, want,
+			        "%s: key '%s': '%s' (seq order %lld) arrived first, before '%s' "
+			        "(seq order %lld), which was committed before it",
+			        what, key, ids[i], (long long)have, PQgetvalue(res, (int)want, 0),
+			        (long long)want);
+			json_object_set_new(next, key, json_integer(want + 1));
+			checked++;
+		}
+		from += got;
+	}
+	cr_assert_eq(checked, rows, "%s: %zu of the table's %zu keyed rows arrived", what, checked,
+	             rows);
+	json_decref(key_of);
+	json_decref(seen);
+	json_decref(next);
+	PQclear(res);
+	return rows;
 }

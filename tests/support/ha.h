@@ -1,8 +1,10 @@
 /* ha.h — helpers for the high-availability tests (tests/ha): the environment that
  * tests/ha/services.sh writes, failovers of the PostgreSQL primary/standby pair, stopping and
- * starting the three RabbitMQ nodes, quorum queues, and a publisher with confirms that records
- * what became of every message. Like harness.h, a helper that cannot do its job fails the
- * current criterion test; nodes are numbered from 1, as in the env file. Not thread-safe. */
+ * starting the three RabbitMQ nodes, quorum queues, a publisher with confirms that records
+ * what became of every message, producers that keep committing outbox rows through a
+ * failover, and which broker node a relay uses. Like harness.h, a helper that cannot do its
+ * job fails the current criterion test; nodes are numbered from 1, as in the env file. Not
+ * thread-safe unless said otherwise. */
 #ifndef OUTBOX_TESTS_HA_H
 #define OUTBOX_TESTS_HA_H
 
@@ -11,6 +13,8 @@
 #include <stdint.h>
 #include <amqp.h>
 #include <libpq-fe.h>
+
+struct harness_relay; /* tests/support/harness.h */
 
 #define HA_PG_NODES  2
 #define HA_RMQ_NODES 3
@@ -147,5 +151,93 @@ uint64_t ha_publisher_published(const struct ha_publisher *p); /* last tag hande
 const struct ha_publisher_events *ha_publisher_events(const struct ha_publisher *p);
 /* Closes the connection (quietly when dead) and frees p; accepts NULL. */
 void ha_publisher_close(struct ha_publisher *p);
+
+/* ---- producers through a failover ---- */
+
+/* What ha_producer_start() runs. Strings are copied. */
+struct ha_producer_options {
+	const char *conninfo;    /* NULL = ha_pg_conninfo() (both nodes, read-write) */
+	const char *table;       /* an outbox table */
+	const char *exchange;    /* every row's exchange_name */
+	const char *routing_key; /* NULL = "ha.row" */
+	const char *prefix;      /* ids "<prefix><thread>-<n, 7 digits>", 1-15 characters */
+	int threads;             /* producers, each a thread with a connection of its own */
+	/* 0: unkeyed rows. Else each transaction picks one of `keys` ordering keys
+	 * "<prefix>k<NN>" at random (the threads share them) and takes that key's advisory
+	 * transaction lock before its INSERT, so that within a key, seq order is commit order
+	 * (as for an application that updates the key's aggregate in the same transaction). */
+	int keys;
+	int64_t pause_ms; /* after each commit; one row a transaction */
+	size_t max_rows;  /* per thread; 0 = 100,000 */
+};
+
+/* One row a producer saw committed. */
+struct ha_commit {
+	int key;           /* ordering key number, -1 for an unkeyed row */
+	int64_t begin_ms;  /* harness_now_ms() when the attempt that committed began */
+	int64_t commit_ms; /* when its COMMIT returned */
+	/* The INSERT found the id there: an earlier attempt had committed without the producer
+	 * seeing it (its COMMIT's answer was lost with the server). */
+	bool earlier;
+};
+
+/* Threads that commit one outbox row a transaction through a failover. A transaction that
+ * fails in any way (the server killed under it, a standby refusing writes, no server at all)
+ * is retried with the same id (INSERT ... ON CONFLICT DO NOTHING) on a new connection until
+ * it commits: only commits the producer saw succeed are recorded, and every recorded id is
+ * in the table. Thread-safe between the producer threads and the test thread; free with
+ * ha_producer_free(). Fails the test when it cannot start. */
+struct ha_producer;
+struct ha_producer *ha_producer_start(const struct ha_producer_options *opt);
+/* Rows seen committed so far, over every thread. */
+size_t ha_producer_committed(struct ha_producer *p);
+/* Transactions that failed and were retried so far. */
+size_t ha_producer_retries(struct ha_producer *p);
+/* Stops the threads once their transaction under way has ended (recorded when it committed;
+ * a failed one is not retried) and returns the rows committed. The queries below keep working
+ * afterwards. */
+size_t ha_producer_stop(struct ha_producer *p);
+/* The record of id when the producer saw it committed, else NULL. Borrowed until
+ * ha_producer_free(). */
+const struct ha_commit *ha_producer_find(struct ha_producer *p, const char *id);
+/* Calls fn for every row seen committed so far (in no particular order across threads). */
+typedef void (*ha_commit_fn)(const char *id, const struct ha_commit *c, void *arg);
+void ha_producer_each(struct ha_producer *p, ha_commit_fn fn, void *arg);
+void ha_producer_free(struct ha_producer *p); /* stops it first; accepts NULL */
+
+/* ---- what a consumer saw of the producers' rows ---- */
+struct consumer; /* tests/support/consumer.h */
+
+/* Rows the producers saw committed that c never received: logs the first ten ids (tagged
+ * with what; what NULL logs nothing) and returns how many. */
+size_t ha_count_lost(struct consumer *c, struct ha_producer *const *ps, size_t n, const char *what);
+/* Waits until c has received every row the producers saw committed, up to timeout_ms; then
+ * returns ha_count_lost(c, ps, n, what). */
+size_t ha_wait_delivered(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                         int64_t timeout_ms, const char *what);
+/* harness_now_ms() of the first delivery at c of a row the producers committed in an attempt
+ * that began at or after since_ms (rows an earlier attempt had committed unseen excluded);
+ * -1 when none has arrived. */
+int64_t ha_first_fresh_delivery(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                                int64_t since_ms);
+/* harness_now_ms() of the first delivery at c at or after from_ms, any row; -1 when none. */
+int64_t ha_first_delivery_after(struct consumer *c, int64_t from_ms);
+/* The longest pause between consecutive deliveries at c that ends in [from_ms, to_ms], in ms;
+ * *end_ms (may be NULL) gets the time of the delivery that ended it. 0 when there is none. */
+int64_t ha_longest_pause(struct consumer *c, int64_t from_ms, int64_t to_ms, int64_t *end_ms);
+/* Per ordering key, the first deliveries at c of the table's keyed rows must come in the
+ * table's seq order, every row once at least (duplicates, which may follow a failover, are
+ * allowed after the first). Fails the test at the first difference; returns the number of
+ * keyed rows. */
+size_t ha_check_key_order(PGconn *pg, const char *table, struct consumer *c, const char *what);
+
+/* ---- the relay as its log tells ---- */
+
+/* The RabbitMQ node (1-3) of the relay's latest "connected" or "reconnected to=broker" log
+ * line (its server=host:port), 0 when there is none yet. */
+int ha_relay_broker_node(const struct harness_relay *r);
+/* Waits until the relay logs a broker connection to a node other than other_than (0: any) and
+ * returns that node; fails the test after timeout_ms. */
+int ha_wait_relay_broker_node(const struct harness_relay *r, int other_than, int64_t timeout_ms);
 
 #endif
