@@ -188,12 +188,20 @@ static void expect_uncharged(struct sd *t, const char *state, const char *prefix
 
 /* Once the relay under test has stopped and the fault is over: a fresh relay with the fault
  * suite's short timings, straight to both servers, delivers rows prefix-0 .. prefix-(n-1).
- * Duplicates are allowed: what was in flight may have been routed before the fault. */
+ * Nothing is killed any more: its lease is long enough for a claim on a loaded machine to
+ * leave the margin a batch needs before it is published. Duplicates are allowed: what was in
+ * flight may have been routed before the fault. */
 static void expect_delivered(struct sd *t, const char *name, const char *prefix, size_t n,
-                             const char *const *env)
+                             const char *const *extra)
 {
-	size_t lost;
+	const char *env[16] = { "OUTBOX_RELAY_LEASE=30s" };
+	size_t lost, k = 1;
 
+	for (size_t i = 0; extra && extra[i]; i++) {
+		cr_assert_lt(k, 15, "too many environment entries");
+		env[k++] = extra[i];
+	}
+	env[k] = NULL;
 	fault_relay_start(&t->f, env);
 	fixture_expect_unique(&t->f, t->f.cons, n, FAULT_DELIVERY_TIMEOUT_MS);
 	harness_sleep_ms(500);
@@ -335,6 +343,11 @@ Test(fault, shutdown_stalled_broker_blocked_write, .timeout = 400)
 	 * large ones go out without a passive declare (which would wait for a read). */
 	insert_rows_sized(&t, "big", 0, 9, 10);
 	fixture_expect_unique(&t.f, t.f.cons, 10, FAULT_DELIVERY_TIMEOUT_MS);
+	/* Confirmed and marked, not only routed: otherwise their confirms could be the bytes the
+	 * stall holds back, and the relay would wait for them instead of writing. */
+	HARNESS_WAIT(harness_pg_int(t.f.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            t.f.table) == 0,
+	             FAULT_LOG_TIMEOUT_MS);
 	proxy_stall(t.mq, true);
 	insert_rows_sized(&t, "big", 10, 10 + BIG_ROWS - 1, BIG_BODY);
 	/* 50 MB into a peer that reads nothing: the relay's write blocks inside rabbitmq-c,
@@ -490,6 +503,10 @@ static const char *const search_env[] = { "OUTBOX_RELAY_BATCH_SIZE=10000",
 	                                  "OUTBOX_RELAY_MAX_ATTEMPTS=100",
 	                                  "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
 	                                  "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
+/* The fresh relay that delivers the rest: batches of the default size. */
+static const char *const after_search_env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=100",
+	                                        "OUTBOX_RELAY_RETRY_BACKOFF_MIN=2s",
+	                                        "OUTBOX_RELAY_RETRY_BACKOFF_MAX=4s", NULL };
 
 static void expect_culprit_charged(struct sd *t, const char *state)
 {
@@ -535,7 +552,8 @@ Test(fault, shutdown_during_culprit_search_stalled, .timeout = 400)
 	expect_released(&t, state);
 
 	proxy_stall(t.mq, false);
-	expect_delivered(&t, "shutdown_culprit_search_stalled", "good", SEARCH_ROWS, search_env);
+	expect_delivered(&t, "shutdown_culprit_search_stalled", "good", SEARCH_ROWS,
+	                 after_search_env);
 	expect_uncharged(&t, state, "good");
 	sd_teardown(&t);
 }
@@ -568,7 +586,7 @@ Test(fault, shutdown_during_culprit_search, .timeout = 400)
 	expect_culprit_charged(&t, state);
 	expect_released(&t, state);
 
-	expect_delivered(&t, "shutdown_culprit_search", "good", LONG_SEARCH_ROWS, search_env);
+	expect_delivered(&t, "shutdown_culprit_search", "good", LONG_SEARCH_ROWS, after_search_env);
 	expect_uncharged(&t, state, "good");
 	sd_teardown(&t);
 }
