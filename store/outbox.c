@@ -1,12 +1,15 @@
 /* The producer library: one INSERT ... ON CONFLICT (id) DO NOTHING on the caller's own
  * connection, inside the caller's transaction. Links against libpq only; everything that
  * could make the server reject the row is checked first, because a failed statement would
- * abort the caller's whole transaction. */
+ * abort the caller's whole transaction, and so is what the relay could never publish (JSON
+ * it cannot read, malformed trace context), which would otherwise die at publish time. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_scan.h"
+#include "base/trace_context.h"
 #include "base/utf8.h"
 #include "store/outbox.h"
 #include "store/store_private.h"
@@ -14,6 +17,9 @@
 #define ID_MAX_BYTES   64
 #define NAME_MAX_CHARS 255 /* VARCHAR(255): exchange, routing key, content type, key */
 #define INSERT_SQL_MAX 1024
+/* The object and 16 levels below it: the deepest headers the relay maps to AMQP tables
+ * (MESSAGE_MAP_MAX_DEPTH); a deeper row would die at publish time. */
+#define JSON_MAX_DEPTH 17
 
 static void set_err(char *errbuf, size_t errlen, const char *msg, const char *detail)
 {
@@ -46,18 +52,188 @@ const char *store_client_encoding_refused(PGconn *conn)
 	return enc;
 }
 
-/* A JSON object in outline (the relay checks it fully and marks the row dead if it is not):
- * catches the common mistake of passing an array or a bare value. */
-static bool json_object_ok(const char *s)
-{
-	size_t n = strlen(s);
+/* What the headers object holds of the trace context: the keys are matched in any case, as
+ * the spec asks readers of its headers to do. */
+struct trace_keys {
+	int n_parent, n_state;
+	struct jscan_member parent, state;
+	size_t members;
+};
 
-	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
-		s++, n--;
-	while (n > 0 &&
-	       (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-		n--;
-	return n >= 2 && s[0] == '{' && s[n - 1] == '}' && utf8_chars(s, n) >= 0;
+static int find_trace_keys(const char *text, const struct jscan_member *m, void *arg)
+{
+	struct trace_keys *t = arg;
+
+	t->members++;
+	if (jscan_string_equal(text, m->key_start, m->key_end, "traceparent", true)) {
+		t->n_parent++;
+		t->parent = *m;
+	} else if (jscan_string_equal(text, m->key_start, m->key_end, "tracestate", true)) {
+		t->n_state++;
+		t->state = *m;
+	}
+	return 0;
+}
+
+/* Checks a JSON column the way the relay will read it (a row it cannot read dies at publish
+ * time): one object, valid JSON, no duplicate keys, nested no deeper than it maps. fn sees
+ * the members (may be NULL). 0 or an OUTBOX_ERR_* with errbuf filled in. */
+static int check_json(const char *column, const char *text, jscan_member_fn fn, void *arg,
+                      char *errbuf, size_t errlen)
+{
+	struct jscan_result res;
+	int rc = jscan_object(text, strlen(text), JSON_MAX_DEPTH, fn, arg, &res);
+
+	if (rc == JSCAN_NOMEM) {
+		set_err(errbuf, errlen, "out of memory", NULL);
+		return OUTBOX_ERR_NOMEM;
+	}
+	if (rc != JSCAN_OK) {
+		if (errbuf && errlen > 0)
+			snprintf(errbuf, errlen, "%s must be a JSON object: %s (at byte %zu)",
+			         column, res.error, res.offset);
+		return OUTBOX_ERR_INVALID;
+	}
+	return 0;
+}
+
+/* A trace context member of headers_json: a string holding a valid traceparent (parent) or
+ * tracestate, as one given on its own must be. */
+static int check_trace_header(const char *headers, const struct jscan_member *m, const char *name,
+                              bool parent, char *errbuf, size_t errlen)
+{
+	char value[TRACE_PARENT_MAX + 2];
+	const char *why;
+	size_t n;
+
+	if (m->kind != JSCAN_STRING) {
+		if (errbuf && errlen > 0)
+			snprintf(errbuf, errlen, "headers_json: %s must be a string", name);
+		return OUTBOX_ERR_INVALID;
+	}
+	n = jscan_string_copy(headers, m->value_start + 1, m->value_end - 1, value, sizeof(value));
+	if (n >= sizeof(value) - 1)
+		why = "it is longer than 512 characters";
+	else if (strlen(value) != n)
+		why = "it holds a NUL character";
+	else
+		why = parent ? trace_parent_check(value, n, NULL)
+		             : trace_state_check(value, n, NULL);
+	if (why) {
+		if (errbuf && errlen > 0)
+			snprintf(errbuf, errlen,
+			         "headers_json: %s is not valid W3C Trace Context: %s%s", name, why,
+			         parent ? " (00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>,"
+			                  " lowercase)"
+			                : "");
+		return OUTBOX_ERR_INVALID;
+	}
+	return 0;
+}
+
+/* Checks m's trace context against what headers (the JSON text, already checked) holds;
+ * *add_state says whether m->tracestate is to be stored (one without a member is not). */
+static int check_trace(const struct outbox_message *m, const char *headers,
+                       const struct trace_keys *t, bool *add_state, char *errbuf, size_t errlen)
+{
+	const char *why;
+	int members = 0, rc;
+
+	*add_state = false;
+	if (t->n_parent > 1 || t->n_state > 1) {
+		set_err(errbuf, errlen,
+		        "headers_json holds traceparent or tracestate twice (the keys differ in "
+		        "case only)",
+		        NULL);
+		return OUTBOX_ERR_INVALID;
+	}
+	if ((m->traceparent && t->n_parent) || (m->tracestate && t->n_state)) {
+		set_err(errbuf, errlen,
+		        "trace context given twice: both in headers_json and as traceparent or "
+		        "tracestate",
+		        NULL);
+		return OUTBOX_ERR_INVALID;
+	}
+	if (t->n_parent &&
+	    (rc = check_trace_header(headers, &t->parent, "traceparent", true, errbuf, errlen)))
+		return rc;
+	if (t->n_state &&
+	    (rc = check_trace_header(headers, &t->state, "tracestate", false, errbuf, errlen)))
+		return rc;
+	if (m->traceparent &&
+	    (why = trace_parent_check(m->traceparent, strlen(m->traceparent), NULL)) != NULL) {
+		if (errbuf && errlen > 0)
+			snprintf(errbuf, errlen,
+			         "traceparent is not valid W3C Trace Context: %s (00-<32 hex "
+			         "trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase)",
+			         why);
+		return OUTBOX_ERR_INVALID;
+	}
+	if (m->tracestate &&
+	    (why = trace_state_check(m->tracestate, strlen(m->tracestate), &members)) != NULL) {
+		set_err(errbuf, errlen, "tracestate is not valid W3C Trace Context", why);
+		return OUTBOX_ERR_INVALID;
+	}
+	/* The spec lets a reader drop a tracestate that comes without a traceparent. */
+	if ((m->tracestate || t->n_state) && !m->traceparent && !t->n_parent) {
+		set_err(errbuf, errlen, "tracestate without traceparent", NULL);
+		return OUTBOX_ERR_INVALID;
+	}
+	*add_state = m->tracestate && members > 0;
+	return 0;
+}
+
+/* Appends s to out[*n] as a JSON string. s was checked: printable ASCII, where only '"' and
+ * '\\' need an escape. */
+static void put_json_string(char *out, size_t *n, const char *s)
+{
+	out[(*n)++] = '"';
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			out[(*n)++] = '\\';
+		out[(*n)++] = *s;
+	}
+	out[(*n)++] = '"';
+}
+
+/* Appends "name":"value" to out[*n], after a comma when the object has members already. */
+static void put_member(char *out, size_t *n, bool *comma, const char *name, const char *value)
+{
+	if (*comma)
+		out[(*n)++] = ',';
+	*comma = true;
+	put_json_string(out, n, name);
+	out[(*n)++] = ':';
+	put_json_string(out, n, value);
+}
+
+/* The headers object with traceparent and tracestate (each NULL = not added) added before
+ * its closing brace. Ownership: a new string (caller frees), NULL when out of memory. */
+static char *headers_with_trace(const char *headers, const struct trace_keys *t,
+                                const char *traceparent, const char *tracestate)
+{
+	size_t len = strlen(headers), close = len, n = 0;
+	bool comma = t->members > 0;
+	char *out;
+
+	while (close > 0 && headers[close - 1] != '}')
+		close--;
+	close--; /* the closing brace: the text is a checked object */
+	/* Each value at most doubles with its escapes; names, quotes, ':' and ',' fit in 64. */
+	out = malloc(len +
+	             2 * ((traceparent ? strlen(traceparent) : 0) +
+	                  (tracestate ? strlen(tracestate) : 0)) +
+	             64);
+	if (!out)
+		return NULL;
+	memcpy(out, headers, close);
+	n = close;
+	if (traceparent)
+		put_member(out, &n, &comma, "traceparent", traceparent);
+	if (tracestate)
+		put_member(out, &n, &comma, "tracestate", tracestate);
+	memcpy(out + n, headers + close, len - close + 1);
+	return out;
 }
 
 static bool base64_ok(const char *s, size_t len)
@@ -119,9 +295,11 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	char sql[INSERT_SQL_MAX], delay[24];
 	const char *values[10];
 	int lengths[10] = { 0 }, formats[10] = { 0 };
-	const char *encoding;
-	char *encoded = NULL;
+	const char *encoding, *headers;
+	char *encoded = NULL, *traced = NULL;
+	struct trace_keys trace = { 0 };
 	PGresult *res = NULL;
+	bool add_state;
 	size_t id_len;
 	int rc;
 
@@ -165,11 +343,12 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		        NULL);
 		return OUTBOX_ERR_INVALID;
 	}
-	if ((m->headers_json && !json_object_ok(m->headers_json)) ||
-	    (m->properties_json && !json_object_ok(m->properties_json))) {
-		set_err(errbuf, errlen, "headers and properties must be JSON objects", NULL);
-		return OUTBOX_ERR_INVALID;
-	}
+	headers = m->headers_json ? m->headers_json : "{}";
+	if ((rc = check_json("headers_json", headers, find_trace_keys, &trace, errbuf, errlen)) ||
+	    (m->properties_json && (rc = check_json("properties_json", m->properties_json, NULL,
+	                                            NULL, errbuf, errlen))) ||
+	    (rc = check_trace(m, headers, &trace, &add_state, errbuf, errlen)))
+		return rc;
 	if (!m->body && m->body_len > 0) {
 		set_err(errbuf, errlen, "body is NULL but body_len is not 0", NULL);
 		return OUTBOX_ERR_INVALID;
@@ -215,13 +394,24 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		return OUTBOX_ERR_INVALID;
 	}
 
+	if (m->traceparent || add_state) {
+		traced = headers_with_trace(headers, &trace, m->traceparent,
+		                            add_state ? m->tracestate : NULL);
+		if (!traced) {
+			set_err(errbuf, errlen, "out of memory", NULL);
+			rc = OUTBOX_ERR_NOMEM;
+			goto out;
+		}
+		headers = traced;
+	}
+
 	snprintf(delay, sizeof(delay), "%lld", (long long)(m->delay_ms > 0 ? m->delay_ms : 0));
 	values[0] = m->id;
 	values[1] = m->exchange;
 	values[2] = m->routing_key;
 	values[4] = encoding;
 	values[5] = m->content_type ? m->content_type : "application/json";
-	values[6] = m->headers_json ? m->headers_json : "{}";
+	values[6] = headers;
 	values[7] = m->properties_json ? m->properties_json : "{}";
 	values[8] = m->ordering_key; /* NULL = SQL NULL */
 	values[9] = delay;
@@ -252,5 +442,6 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 out:
 	PQclear(res);
 	free(encoded);
+	free(traced);
 	return rc;
 }

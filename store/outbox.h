@@ -28,6 +28,17 @@ struct outbox_message {
 	const char *properties_json; /* NULL = "{}"; a JSON object */
 	const char *ordering_key;    /* NULL = no ordering */
 	int64_t delay_ms;            /* > 0: available_at = now() + delay */
+	/* W3C Trace Context (https://www.w3.org/TR/trace-context/), NULL = none: stored as the
+	 * headers "traceparent" and "tracestate" (added to headers_json), which the relay
+	 * publishes as AMQP headers of those names and whose trace id it logs. traceparent:
+	 * "00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>", lowercase, neither id all
+	 * zeros (a later version as the spec's forward compatibility reads it). tracestate: at
+	 * most 32 key=value members, 512 characters, and only with a traceparent; one without
+	 * any member ("" or only commas and blanks) is left out. A malformed one is refused, and
+	 * so is a traceparent or tracestate given both here and in headers_json; one that
+	 * headers_json holds (under that name in any case) is checked the same way. */
+	const char *traceparent;
+	const char *tracestate;
 };
 
 enum outbox_result {
@@ -44,8 +55,11 @@ enum outbox_result {
 /* Inserts m into table (NULL = "outbox"; a plain or schema-qualified identifier) with
  * INSERT ... ON CONFLICT (id) DO NOTHING on conn. The strings are UTF-8, so conn must not
  * convert them: its client_encoding must be UTF8 (or SQL_ASCII, which converts nothing);
- * any other is refused before anything is sent. On error writes one line to errbuf
- * (if errlen > 0). conn is borrowed; its transaction state is left to the caller. */
+ * any other is refused before anything is sent. headers_json and properties_json must be
+ * JSON objects the relay can read: valid JSON (UTF-8, no duplicate key in any object,
+ * integers within 64 bits), nested at most 16 levels below the object. On error writes one
+ * line to errbuf (if errlen > 0). conn is borrowed; its transaction state is left to the
+ * caller. */
 int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
                size_t errlen);
 
