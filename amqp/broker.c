@@ -1571,12 +1571,17 @@ static bool deferred(const struct broker *b, size_t i)
 	return b->msgs[i].retry || b->bodies[i].len > b->proven_body;
 }
 
+_Static_assert(sizeof(((struct broker_result *)0)->trace_id) == MESSAGE_MAP_TRACE_ID_SIZE,
+               "broker_result.trace_id holds what message_map_trace_id() writes");
+
 int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res)
 {
 	size_t sent = 0, frame_max;
 	int rc = BROKER_OK;
 
+	for (size_t i = 0; i < n; i++)
+		message_map_trace_id(msgs[i].headers_json, res[i].trace_id);
 	b->active = false;
 	if (!b->connected) {
 		set_err(b, "not connected to broker");

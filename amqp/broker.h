@@ -98,6 +98,10 @@ struct broker_result {
 	                       "body: 5,242,880 bytes exceed the broker's max_message_size of
 	                        4,194,304 bytes" */
 	int64_t confirm_us; /* publish -> confirm latency (ACKED only) */
+	/* The trace id of the row's W3C traceparent header (32 lowercase hex digits), for its
+	 * log lines; "" when it has none. Set by broker_publish() for every row, whatever it
+	 * returns. */
+	char trace_id[33];
 };
 
 struct broker;

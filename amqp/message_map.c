@@ -13,6 +13,8 @@
 #include <jansson.h>
 
 #include "amqp/base64.h"
+#include "base/json_scan.h"
+#include "base/trace_context.h"
 
 #define NAME_SHOWN 48 /* bytes of a user-supplied name quoted in an error */
 
@@ -496,6 +498,36 @@ int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_pr
 	*props = p;
 	*body = b;
 	return MESSAGE_MAP_OK;
+}
+
+/* ---- the trace id of a row ---- */
+
+/* Stops the scan (returns 1) at the first traceparent member that holds a valid one. */
+static int find_trace_id(const char *text, const struct jscan_member *m, void *arg)
+{
+	char value[TRACE_PARENT_MAX + 1];
+	size_t n;
+
+	if (m->kind != JSCAN_STRING ||
+	    !jscan_string_equal(text, m->key_start, m->key_end, "traceparent", true))
+		return 0;
+	n = jscan_string_copy(text, m->value_start + 1, m->value_end - 1, value, sizeof(value));
+	if (n >= sizeof(value) || strlen(value) != n || trace_parent_check(value, n, arg) != NULL)
+		return 0;
+	return 1;
+}
+
+void message_map_trace_id(const char *headers_json, char *trace_id)
+{
+	struct jscan_result res;
+
+	trace_id[0] = '\0';
+	if (empty_object(headers_json))
+		return;
+	/* Any nesting the scanner follows: depth is the mapping's business, not the log's. */
+	if (jscan_object(headers_json, strlen(headers_json), JSCAN_DEPTH_MAX, find_trace_id,
+	                 trace_id, &res) != 1)
+		trace_id[0] = '\0';
 }
 
 /* ---- encoded sizes, exactly as rabbitmq-c 0.11 encodes (amqp_table.c, amqp_framing.c) ---- */

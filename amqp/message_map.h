@@ -33,6 +33,17 @@ enum message_map_err {
 int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
                 amqp_bytes_t *body, char *err, size_t errlen) __attribute__((warn_unused_result));
 
+/* Bytes of message_map_trace_id()'s answer: 32 hex digits and a NUL. */
+#define MESSAGE_MAP_TRACE_ID_SIZE 33
+
+/* The trace id of a row for its log lines: the 32 lowercase hex digits of the trace-id of a
+ * valid W3C traceparent header (a top-level string member named "traceparent", in any case)
+ * in headers_json (NULL = none), written with a NUL into trace_id
+ * (MESSAGE_MAP_TRACE_ID_SIZE bytes); "" when there is none. Reads the JSON only as far as
+ * that member, so a row whose headers are malformed further on still has its trace id. Pure;
+ * allocates only for objects with many keys, and then gives "" when out of memory. */
+void message_map_trace_id(const char *headers_json, char *trace_id);
+
 /* The number of bytes rabbitmq-c 0.11's amqp_encode_properties() writes for p (basic class):
  * the flag words and every field whose flag is set, the headers field table included, so
  * that a row whose content header cannot fit a frame is found before anything is sent.

@@ -1,6 +1,8 @@
 /* Row -> AMQP mapping: every header JSON type into the field table (nested tables and arrays
  * included), every property, the exact one-line message of every invalid case, and the
- * encoded sizes that decide whether a row fits a frame, checked against rabbitmq-c. */
+ * encoded sizes that decide whether a row fits a frame, checked against rabbitmq-c. The trace
+ * context headers and the trace id of a row; and the producer library's JSON check
+ * (base/json_scan) refusing exactly the headers the mapping refuses as JSON. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <amqp_framing.h>
 
 #include "amqp/message_map.h"
+#include "base/json_scan.h"
 
 static amqp_pool_t pool;
 
@@ -470,4 +473,137 @@ Test(message_map, json_errors_stay_on_one_line)
 
 	expect_invalid(&m, "headers: invalid JSON at line 2 column 0: invalid escape near "
 	                   "'\"tracep\\?'");
+}
+
+/* ---- trace context ---- */
+
+#define TP "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+#define TS "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+
+Test(message_map, trace_context_headers_are_amqp_strings)
+{
+	struct broker_message m = row(
+	        "{\"tenant\":\"acme\",\"traceparent\":\"" TP "\",\"tracestate\":\"" TS "\"}", "{}");
+	amqp_basic_properties_t p;
+	amqp_bytes_t b;
+	const amqp_field_value_t *v;
+
+	map_ok(&m, &p, &b);
+	cr_assert(p._flags & AMQP_BASIC_HEADERS_FLAG);
+	cr_assert_eq(p.headers.num_entries, 3);
+	v = entry(&p.headers, "traceparent");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_UTF8);
+	cr_assert(bytes_is(v->value.bytes, TP));
+	v = entry(&p.headers, "tracestate");
+	cr_assert_eq(v->kind, AMQP_FIELD_KIND_UTF8);
+	cr_assert(bytes_is(v->value.bytes, TS));
+}
+
+static void expect_trace_id(const char *headers, const char *want)
+{
+	char id[MESSAGE_MAP_TRACE_ID_SIZE];
+
+	memset(id, 'z', sizeof(id));
+	message_map_trace_id(headers, id);
+	cr_expect_str_eq(id, want, "headers %s", headers ? headers : "NULL");
+}
+
+Test(message_map, trace_id_of_a_row)
+{
+	const char *id = "0af7651916cd43dd8448eb211c80319c";
+
+	expect_trace_id("{\"traceparent\":\"" TP "\"}", id);
+	expect_trace_id("{\"a\":{\"traceparent\":\"x\"},\"traceparent\":\"" TP "\",\"z\":[1]}", id);
+	expect_trace_id("{\"TraceParent\":\"" TP "\"}", id); /* any case, as the spec reads */
+	/* escaped: the key, and the value's first digit */
+	expect_trace_id("{\"trace\\u0070arent\":"
+	                "\"\\u00300-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}",
+	                id);
+	/* a later version */
+	expect_trace_id("{\"traceparent\":\"cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"
+	                "-01-more\"}",
+	                id);
+	/* found before a malformed part of the text: the dead row's log line still has it */
+	expect_trace_id("{\"traceparent\":\"" TP "\",\"a\":1,\"a\":2", id);
+	expect_trace_id("{\"traceparent\":\"" TP "\",", id);
+	/* the first valid one */
+	expect_trace_id("{\"traceparent\":\"bad\",\"Traceparent\":\"" TP "\"}", id);
+
+	expect_trace_id(NULL, "");
+	expect_trace_id("{}", "");
+	expect_trace_id(" { } ", "");
+	expect_trace_id("{\"tenant\":\"acme\"}", "");
+	expect_trace_id("{\"traceparent\":\"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-"
+	                "01\"}",
+	                "");
+	expect_trace_id("{\"traceparent\":\"00-00000000000000000000000000000000-b7ad6b7169203331-"
+	                "01\"}",
+	                "");
+	expect_trace_id("{\"traceparent\":\"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-"
+	                "01\"}",
+	                "");
+	expect_trace_id("{\"traceparent\":[\"" TP "\"]}", "");
+	expect_trace_id("{\"traceparent\":\"" TP "\\u0000\"}", "");
+	expect_trace_id("{\"a\":{\"traceparent\":\"" TP "\"}}", ""); /* not a top-level header */
+	expect_trace_id("[\"" TP "\"]", "");
+	expect_trace_id("{\"a\":1,,\"traceparent\":\"" TP "\"}", ""); /* malformed before it */
+	expect_trace_id("not json", "");
+}
+
+/* What the producer library checks (jscan_object, 17 levels: the object and 16 below it, as
+ * JSON_MAX_DEPTH in store/outbox.c) and what the mapping refuses as JSON agree, so that a row
+ * the library took never dies at publish time for its JSON, and the library refuses nothing
+ * the relay would publish. */
+Test(message_map, the_producer_library_check_agrees)
+{
+	static const char *const cases[] = {
+		"{}",
+		"{\"a\":1}",
+		"{\"a\":1,\"a\":2}",
+		"{\"a\":1,\"\\u0061\":2}",
+		"{\"x\":{\"b\":1,\"b\":2}}",
+		"{\"a\":\"\\u0000\"}",
+		"{\"\\u0000\":1}",
+		"{\"a\":\"\\ud83d\\ude00\"}",
+		"{\"a\":\"\\ud83d\"}",
+		"{\"a\":\"\\ude00\"}",
+		"{\"a\":\"\xc3\xa9\"}",
+		"{\"a\":\"\xc3\"}",
+		"{\"a\":9223372036854775807}",
+		"{\"a\":9223372036854775808}",
+		"{\"a\":-9223372036854775809}",
+		"{\"a\":1.7976931348623157e308}",
+		"{\"a\":1e309}",
+		"{\"a\":1e-400}",
+		"{\"a\":01}",
+		"{\"a\":1.}",
+		"{\"a\":[1,]}",
+		"{\"a\":1,}",
+		"{\"a\":1} x",
+		"[1]",
+		"\"s\"",
+		"",
+		"{\"k\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}",
+		"{\"k\":[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}",
+		"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":{"
+		"\"l\":{"
+		"\"m\":{\"n\":{\"o\":{\"p\":{\"q\":1}}}}}}}}}}}}}}}}}",
+		"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":{"
+		"\"l\":{"
+		"\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}",
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct broker_message m = row(cases[i], "{}");
+		amqp_basic_properties_t p;
+		amqp_bytes_t b;
+		struct jscan_result res;
+		char err[320] = "";
+		bool mapped = message_map(&m, &pool, &p, &b, err, sizeof(err)) == MESSAGE_MAP_OK;
+		bool scanned =
+		        jscan_object(cases[i], strlen(cases[i]), 17, NULL, NULL, &res) == JSCAN_OK;
+
+		cr_expect_eq(scanned, mapped, "%s: the mapping says %s, the library's check %s",
+		             cases[i], mapped ? "fine" : err, scanned ? "fine" : res.error);
+	}
 }
