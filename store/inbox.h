@@ -1,7 +1,8 @@
 /* inbox.h — the consumer library: deduplicate deliveries by message_id with an idempotency
  * table held under leases (claim -> work -> confirm). Like outbox.h it runs statements on the
  * caller's connection and never begins, commits, rolls back, opens or closes one, so the
- * confirmation commits exactly when the caller's own work does. Links against libpq only.
+ * confirmation commits exactly when the caller's own work does. Installed as <outbox/inbox.h>
+ * with liboutbox (libpq only), next to the producer's <outbox/outbox.h>.
  *
  * The usual loop, all on one connection and in one transaction:
  *
@@ -31,10 +32,25 @@
 extern "C" {
 #endif
 
-#if defined(__GNUC__)
-#define INBOX_MUST_CHECK __attribute__((warn_unused_result))
+/* The same two macros in outbox.h: each public header stands alone.
+ * OUTBOX_API marks what liboutbox.so exports (it is built with hidden visibility, so the
+ * helpers it carries stay its own). OUTBOX_MUST_CHECK: a result that must not be ignored
+ * (written first in a declaration, where both C and C++ take it). */
+#ifndef OUTBOX_API
+#if defined(__GNUC__) || defined(__clang__)
+#define OUTBOX_API __attribute__((visibility("default")))
 #else
-#define INBOX_MUST_CHECK
+#define OUTBOX_API
+#endif
+#endif
+#ifndef OUTBOX_MUST_CHECK
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define OUTBOX_MUST_CHECK [[nodiscard]]
+#elif defined(__GNUC__) || defined(__clang__)
+#define OUTBOX_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define OUTBOX_MUST_CHECK
+#endif
 #endif
 
 enum inbox_result {
@@ -69,13 +85,14 @@ enum inbox_result {
  * the two partial indexes the purge walks. Ownership: returns a new string (caller frees);
  * NULL when out of memory or when table is not a valid identifier, or its base name is
  * longer than 51 bytes (derived index names must fit in 63). */
-char *inbox_schema_sql(const char *table);
+OUTBOX_MUST_CHECK OUTBOX_API char *inbox_schema_sql(const char *table);
 
 /* Applies inbox_schema_sql(table) on conn, serialised against other consumers migrating at
  * the same moment by a transaction-level advisory lock. Outside a transaction block it is one
  * implicit transaction of its own; inside the caller's it becomes part of it. Returns
  * INBOX_OK or INBOX_ERR_*. */
-int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen) INBOX_MUST_CHECK;
+OUTBOX_MUST_CHECK OUTBOX_API int inbox_migrate(PGconn *conn, const char *table, char *errbuf,
+                                               size_t errlen);
 
 /* Claims message_id for consumer for lease_ms (1 ms .. 7 days) in one statement: a new
  * message is inserted; an unconfirmed one is taken over when its lease is over, has no
@@ -91,23 +108,26 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen) 
  * claim that lost such a race keeps the row locked until then. Leases are measured on the
  * server's clock at the time of the statement (clock_timestamp()), not at the start of the
  * caller's transaction. */
-int inbox_claim(PGconn *conn, const char *table, const char *message_id, const char *consumer,
-                int64_t lease_ms, char *errbuf, size_t errlen) INBOX_MUST_CHECK;
+OUTBOX_MUST_CHECK OUTBOX_API int inbox_claim(PGconn *conn, const char *table,
+                                             const char *message_id, const char *consumer,
+                                             int64_t lease_ms, char *errbuf, size_t errlen);
 
 /* Marks message_id confirmed if consumer holds its claim (after the lease has run out too,
  * as long as nobody claimed it meanwhile); confirming again what this consumer confirmed is
  * INBOX_OK. Returns INBOX_OK, INBOX_LOST (another consumer's claim now, or no row: roll your
  * work back and requeue the delivery) or INBOX_ERR_*. Run it in the transaction that does
  * the work, so that both commit or neither does. */
-int inbox_confirm(PGconn *conn, const char *table, const char *message_id, const char *consumer,
-                  char *errbuf, size_t errlen) INBOX_MUST_CHECK;
+OUTBOX_MUST_CHECK OUTBOX_API int inbox_confirm(PGconn *conn, const char *table,
+                                               const char *message_id, const char *consumer,
+                                               char *errbuf, size_t errlen);
 
 /* Releases consumer's own unconfirmed claim on message_id (deletes the row), so that
  * another consumer may claim the message at once, e.g. after the work failed in a way that
  * a retry elsewhere may fix. Never touches another consumer's claim or a confirmed row.
  * Returns INBOX_OK, INBOX_LOST (nothing of yours to release) or INBOX_ERR_*. */
-int inbox_forget(PGconn *conn, const char *table, const char *message_id, const char *consumer,
-                 char *errbuf, size_t errlen);
+OUTBOX_MUST_CHECK OUTBOX_API int inbox_forget(PGconn *conn, const char *table,
+                                              const char *message_id, const char *consumer,
+                                              char *errbuf, size_t errlen);
 
 /* Deletes at most limit (1 .. 10000) rows in one statement: confirmed rows whose
  * confirmation is older than retention_ms (0 .. 3650 days), oldest first, then unconfirmed
@@ -117,8 +137,9 @@ int inbox_forget(PGconn *conn, const char *table, const char *message_id, const 
  * outlast the longest redelivery you expect.
  * Returns the number of rows deleted (>= 0), or INBOX_ERR_*. Call it in a loop of short
  * transactions (autocommit is fine) until it returns less than limit. */
-int64_t inbox_purge(PGconn *conn, const char *table, int64_t retention_ms, int limit, char *errbuf,
-                    size_t errlen);
+OUTBOX_MUST_CHECK OUTBOX_API int64_t inbox_purge(PGconn *conn, const char *table,
+                                                 int64_t retention_ms, int limit, char *errbuf,
+                                                 size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,9 @@
 /* outbox.h — the producer library: add a message to the outbox inside the caller's own
  * transaction. It runs one INSERT on the caller's connection and never begins, commits,
  * rolls back, closes or opens a connection, so the message becomes durable exactly when
- * the caller's work does. Links against libpq only. */
+ * the caller's work does. Installed as <outbox/outbox.h> with liboutbox, which links against
+ * libpq only: `pkg-config --cflags --libs outbox`, or find_package(outbox) and the target
+ * outbox::outbox (outbox::outbox_static for the static library). */
 #ifndef OUTBOX_OUTBOX_H
 #define OUTBOX_OUTBOX_H
 
@@ -11,6 +13,27 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* The same two macros in inbox.h: each public header stands alone.
+ * OUTBOX_API marks what liboutbox.so exports (it is built with hidden visibility, so the
+ * helpers it carries stay its own). OUTBOX_MUST_CHECK: a result that must not be ignored
+ * (written first in a declaration, where both C and C++ take it). */
+#ifndef OUTBOX_API
+#if defined(__GNUC__) || defined(__clang__)
+#define OUTBOX_API __attribute__((visibility("default")))
+#else
+#define OUTBOX_API
+#endif
+#endif
+#ifndef OUTBOX_MUST_CHECK
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define OUTBOX_MUST_CHECK [[nodiscard]]
+#elif defined(__GNUC__) || defined(__clang__)
+#define OUTBOX_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define OUTBOX_MUST_CHECK
+#endif
 #endif
 
 /* One message. All pointers are borrowed for the duration of outbox_add(). */
@@ -60,8 +83,9 @@ enum outbox_result {
  * integers within 64 bits), nested at most 16 levels below the object. On error writes one
  * line to errbuf (if errlen > 0). conn is borrowed; its transaction state is left to the
  * caller. */
-int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
-               size_t errlen);
+OUTBOX_MUST_CHECK OUTBOX_API int outbox_add(PGconn *conn, const char *table,
+                                            const struct outbox_message *m, char *errbuf,
+                                            size_t errlen);
 
 #ifdef __cplusplus
 }
