@@ -71,6 +71,8 @@ int64_t soak_clock_from(int64_t mono_ms)
 	return mono_ms - t0_ms;
 }
 
+static void vsay(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
+
 static void vsay(const char *fmt, va_list ap)
 {
 	int64_t t = soak_ms();
@@ -258,6 +260,9 @@ void soak_poison_add(const char *id, enum soak_poison k)
 }
 
 /* ---- faults ---- */
+
+static const char *fault_detail_fmt(char *buf, size_t len, const char *fmt, va_list ap)
+        __attribute__((format(printf, 3, 0)));
 
 static const char *fault_detail_fmt(char *buf, size_t len, const char *fmt, va_list ap)
 {
