@@ -145,7 +145,7 @@ int store_replay_begin(struct store *s, char *asked_at, size_t cap)
 	rc = store_exec(s,
 	                "SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
 	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text,"
-	                " " ISO_MS("now()"),
+	                " " ISO_MS("now()") ", pg_backend_pid()",
 	                1, params, PGRES_TUPLES_OK, &res, "could not set up the replay");
 	if (rc != 0)
 		return rc;
@@ -160,6 +160,9 @@ int store_replay_begin(struct store *s, char *asked_at, size_t cap)
 	s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
 	s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
 	snprintf(asked_at, cap, "%s", PQgetvalue(res, 0, 2));
+	/* What the parked rows' locked_by says (park_keys()): who holds them, and since when. */
+	snprintf(s->claim_token, sizeof(s->claim_token), "replay#%s.%s", PQgetvalue(res, 0, 3),
+	         asked_at);
 out:
 	PQclear(res);
 	return rc;
@@ -489,17 +492,28 @@ static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
 	return rc;
 }
 
-/* Notes in the selection which keys must wait, and why: a key with a row in flight (leased,
- * or locked right now by a claim or a mark in progress) would publish that row before the
- * replayed ones, which are older. The key's unpublished rows that are free get locked until
- * the replay commits, so no claim can take one meanwhile (SKIP LOCKED: the replay waits for
- * nobody, and nobody waits for it but a relay marking a row that became leased a moment
- * ago). The lease is read from the locked row version, not from the snapshot. */
-static int note_busy_keys(struct store *s, char *state)
+/* Notes in the selection which keys must wait, and why, and parks the other keys' unpublished
+ * rows. A key with a row in flight (leased, or locked right now by a claim or a mark) waits:
+ * that row would be published before the replayed ones, which are older. The rows of a key
+ * that goes are parked: leased to the replay (s->claim_token) for relay.lease, in the same
+ * statement that locks them (SKIP LOCKED: the replay waits for nobody).
+ *
+ * Why park, when a row lock held to the commit seems enough: a claim whose snapshot predates
+ * the replay's commit still sees the replayed rows as published, so to it the key's oldest
+ * unpublished row is a newer one. If it reaches that row after the commit, the row lock is
+ * gone and, the row being unchanged, nothing is checked again: it would be claimed and
+ * published before the replayed rows. A row the replay changed is checked again against the
+ * claim's conditions (READ COMMITTED's recheck of an updated row), and a lease that ends
+ * after the claim began fails them. release_parked() hands the rows back after the commit.
+ * $1 = token, $2 = lease in ms. */
+static int park_keys(struct store *s, int64_t *parked, char *state)
 {
-	char sql[REPLAY_SQL_MAX];
+	char sql[REPLAY_SQL_MAX], lease[24];
+	const char *params[2] = { s->claim_token, lease };
+	PGresult *res = NULL;
 	int rc;
 
+	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
 	if ((rc = build(s, sql, sizeof(sql),
 	                "WITH k AS (SELECT DISTINCT ordering_key FROM " SEL
 	                " WHERE ordering_key IS NOT NULL),"
@@ -507,23 +521,55 @@ static int note_busy_keys(struct store *s, char *state)
 	                " COALESCE(o.locked_until >= now(), false) AS leased"
 	                " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
 	                " WHERE o.published_at IS NULL),"
+	                /* the lease as the locked (latest) row version has it */
 	                " l AS MATERIALIZED (SELECT o.seq, o.locked_by, o.published_at IS NULL"
 	                " AND COALESCE(o.locked_until >= now(), false) AS leased FROM %s o"
 	                " WHERE o.seq IN (SELECT seq FROM u WHERE NOT leased)"
 	                " FOR UPDATE OF o SKIP LOCKED),"
-	                " busy AS (SELECT u.ordering_key, (array_agg(CASE"
+	                " busy AS MATERIALIZED (SELECT u.ordering_key, (array_agg(CASE"
 	                " WHEN u.leased OR l.leased THEN format('row %%L is being published"
 	                " (leased by %%L)', u.id, COALESCE(l.locked_by, u.locked_by))"
 	                " ELSE format('row %%L is locked by another transaction', u.id) END"
 	                " ORDER BY u.seq))[1] AS reason"
 	                " FROM u LEFT JOIN l ON l.seq = u.seq"
-	                " WHERE u.leased OR l.seq IS NULL OR l.leased GROUP BY u.ordering_key)"
-	                " UPDATE " SEL " r SET reason = b.reason FROM busy b"
-	                " WHERE r.ordering_key = b.ordering_key",
-	                s->table, s->table)) != 0)
+	                " WHERE u.leased OR l.seq IS NULL OR l.leased GROUP BY u.ordering_key),"
+	                " noted AS (UPDATE " SEL " r SET reason = b.reason FROM busy b"
+	                " WHERE r.ordering_key = b.ordering_key),"
+	                " parked AS (UPDATE %s o SET locked_by = $1::text, locked_until ="
+	                " clock_timestamp() + $2::bigint * interval '1 millisecond'"
+	                " FROM l JOIN u ON u.seq = l.seq WHERE o.seq = l.seq AND NOT l.leased"
+	                " AND o.published_at IS NULL AND NOT EXISTS (SELECT 1 FROM busy b"
+	                " WHERE b.ordering_key = u.ordering_key) RETURNING 1)"
+	                " SELECT count(*) FROM parked",
+	                s->table, s->table, s->table)) != 0)
 		return rc;
-	return exec_state(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not check the keys",
-	                  state);
+	rc = exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not check the keys",
+	                state);
+	if (rc != 0)
+		return rc;
+	if (store_parse_int64(PQgetvalue(res, 0, 0), parked) != 0)
+		*parked = 0;
+	PQclear(res);
+	return 0;
+}
+
+/* After the commit: the parked rows are released with locked_until = the time now, which is
+ * after the commit, so that a claim begun before it still finds them leased (its recheck
+ * compares with its own start) and every later claim finds them free. Should this fail, the
+ * rows come free when the parking lease ends: later, never sooner. */
+static int release_parked(struct store *s)
+{
+	char sql[REPLAY_SQL_MAX];
+	const char *params[1] = { s->claim_token };
+	int rc;
+
+	if ((rc = build(s, sql, sizeof(sql),
+	                "UPDATE %s SET locked_by = NULL, locked_until = clock_timestamp()"
+	                " WHERE locked_by = $1::text AND published_at IS NULL",
+	                s->table)) != 0)
+		return rc;
+	return store_exec(s, sql, 1, params, PGRES_COMMAND_OK, NULL,
+	                  "could not release the keys' rows");
 }
 
 /* Makes the ready rows pending again with the header merged in (jsonb rewrites the text
@@ -580,7 +626,7 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 	PGresult *res = NULL;
 	char *why = NULL;
 	bool keyed = false;
-	int64_t replayed = 0, gone = 0, left = 0, keys = 0;
+	int64_t replayed = 0, gone = 0, left = 0, keys = 0, parked = 0;
 	int rc;
 
 	snprintf(lock, sizeof(lock), "outbox-relay replay %s", s->table);
@@ -610,7 +656,7 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 			        s, "UPDATE " SEL " SET reason = $1 WHERE ordering_key IS NOT NULL",
 			        1, wp, PGRES_COMMAND_OK, NULL, "could not replay");
 		} else if (rc == 0) {
-			rc = note_busy_keys(s, state);
+			rc = park_keys(s, &parked, state);
 		}
 		if (rc != 0)
 			goto fail;
@@ -629,6 +675,21 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 	if ((rc = store_exec(s, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) !=
 	    0)
 		goto out; /* a failed COMMIT ends the transaction */
+	/* The replayed rows count from here: an error below leaves the parked rows to their
+	 * lease, which is safe. */
+	p->replayed += replayed;
+	p->gone += gone;
+	if (parked > 0 && (rc = release_parked(s)) != 0)
+		goto out;
+	if (parked > 0 && s->opts.channel && s->opts.channel[0]) {
+		const char *ch[1] = { s->opts.channel };
+
+		/* The key's newer rows are claimable again (behind the replayed ones). */
+		rc = store_exec(s, "SELECT pg_notify($1, '')", 1, ch, PGRES_TUPLES_OK, NULL,
+		                "could not notify the relay");
+		if (rc != 0)
+			goto out;
+	}
 	rc = store_exec(s, "SELECT count(*), count(DISTINCT ordering_key) FROM " SEL, 0, NULL,
 	                PGRES_TUPLES_OK, &res, "could not replay");
 	if (rc != 0)
@@ -639,8 +700,6 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 		rc = STORE_ERR_QUERY;
 		goto out;
 	}
-	p->replayed += replayed;
-	p->gone += gone;
 	p->left = left;
 	p->left_keys = keys;
 	p->conflict = false;

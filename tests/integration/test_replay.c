@@ -96,6 +96,11 @@ static int64_t pending(struct fixture *t, const char *cond)
 	                      t->table, cond);
 }
 
+/* A row without its lease columns, as text. */
+#define UNLEASED                                                                           \
+	"concat_ws('|', seq, id, exchange_name, routing_key, body, headers, ordering_key," \
+	" created_at, available_at, published_at, attempts, last_error)"
+
 /* Rows of the filter test. */
 static void insert_filter_rows(struct fixture *t)
 {
@@ -166,10 +171,11 @@ Test(replay, each_filter_selects_its_rows, .timeout = 120)
 	cr_assert_not_null(strstr(o.err, "id 'nope': not in the table"), "%s", o.err);
 	harness_output_free(&o);
 
-	/* A real replay touches exactly the selected rows. */
+	/* A real replay touches exactly the selected rows, but for the lease of the key's
+	 * unpublished rows (r08 of k1): held by the replay while it commits, then handed back. */
 	before = harness_pg_string(t.pg,
-	                           "SELECT md5(string_agg(x::text, ',' ORDER BY seq)) FROM %s x"
-	                           " WHERE id NOT IN ('r01', 'r02')",
+	                           "SELECT md5(string_agg(" UNLEASED ", ',' ORDER BY seq))"
+	                           " FROM %s x WHERE id NOT IN ('r01', 'r02')",
 	                           t.table);
 	harness_pg_exec(t.pg, "UPDATE %s SET attempts = 3, last_error = 'old' WHERE id = 'r01'",
 	                t.table);
@@ -181,10 +187,15 @@ Test(replay, each_filter_selects_its_rows, .timeout = 120)
 	cr_assert_not_null(strstr(o.err, "routing_key=order.*.eu"), "%s", o.err);
 	harness_output_free(&o);
 	after = harness_pg_string(t.pg,
-	                          "SELECT md5(string_agg(x::text, ',' ORDER BY seq)) FROM %s x"
-	                          " WHERE id NOT IN ('r01', 'r02')",
+	                          "SELECT md5(string_agg(" UNLEASED ", ',' ORDER BY seq))"
+	                          " FROM %s x WHERE id NOT IN ('r01', 'r02')",
 	                          t.table);
 	cr_assert_str_eq(before, after, "a row that was not selected changed");
+	cr_assert_eq(harness_pg_int(t.pg,
+	                            "SELECT count(*) FROM %s WHERE locked_by IS NOT NULL"
+	                            " OR locked_until > now()",
+	                            t.table),
+	             0, "the replay left a row leased");
 	free(before);
 	free(after);
 	cr_assert_eq(harness_pg_int(t.pg,
@@ -531,14 +542,28 @@ Test(replay, replay_waits_for_an_open_producer_and_keeps_the_order, .timeout = 3
 	harness_relay_free(r);
 	expect_received(&t, t.cons, 13);
 	harness_sleep_ms(500);
-	/* Either the replay's snapshot came first (the replayed rows, then 6..8), or the relay
-	 * claimed row 6 as soon as the producer committed, and the replay waited until the
-	 * key's rows were out. Never a row of 6..8 amid the replayed ones. */
+	/* Rows 6..8 that were published before the replay took its snapshot went out before the
+	 * replayed rows (the relay may claim row 6 as soon as the producer commits, and a key
+	 * with a row in flight waits); every other one after them. Never a row of 6..8 amid the
+	 * replayed ones, nor one of them before a newer one. */
 	key_order_text(&t, "kb", got, sizeof(got));
-	cr_assert(strcmp(got, "1 2 3 4 5 1 2 3 4 5 6 7 8 ") == 0 ||
-	                  strcmp(got, "1 2 3 4 5 6 7 8 1 2 3 4 5 ") == 0,
-	          "key kb arrived in the order [%s]", got);
 	fprintf(stderr, "replay open producer: key kb arrived [%s]\n", got);
+	{
+		bool ok = false;
+
+		for (int first = 6; first <= 9 && !ok; first++) {
+			char want[128] = "1 2 3 4 5 ";
+			size_t len = strlen(want);
+
+			for (int i = 6; i < first; i++)
+				len += (size_t)snprintf(want + len, sizeof(want) - len, "%d ", i);
+			len += (size_t)snprintf(want + len, sizeof(want) - len, "1 2 3 4 5 ");
+			for (int i = first; i <= 8; i++)
+				len += (size_t)snprintf(want + len, sizeof(want) - len, "%d ", i);
+			ok = strcmp(got, want) == 0;
+		}
+		cr_assert(ok, "key kb arrived in the order [%s]", got);
+	}
 	fixture_teardown(&t);
 }
 
