@@ -317,12 +317,15 @@ int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, 
  * many. Such a row would make the replay's statement fail: the caller refuses the replay. */
 int store_replay_refused(struct store *s, store_replay_fn fn, void *arg, int64_t *n_refused)
         __attribute__((warn_unused_result));
-/* One step, one transaction: makes the selected rows pending again (published_at, attempts,
- * last_error and the lease cleared, available_at = now(), asked_at merged into the headers
- * as STORE_REPLAY_HEADER) and NOTIFYs the channel, except the rows of keys that must wait —
- * a key with a row in flight (its newer row would go out before the replayed ones), or every
- * key while a transaction that inserted into the outbox stays open for wait_ms. Adds to *p.
- * Two replays of one table take turns (an advisory lock). */
+/* One step: in one transaction, makes the selected rows pending again (published_at,
+ * attempts, last_error and the lease cleared, available_at = now(), asked_at merged into the
+ * headers as STORE_REPLAY_HEADER) and NOTIFYs the channel, except the rows of keys that must
+ * wait — a key with a row in flight (that newer row would go out before the replayed ones),
+ * or every key while a transaction that inserted into the outbox stays open for wait_ms.
+ * The unpublished rows of each key replayed are leased to the replay until just after the
+ * commit (locked_by "replay#<pid>.<asked_at>", then NULL with locked_until = the release
+ * time): a claim begun before the commit cannot take them. Adds to *p. Two replays of one
+ * table take turns (an advisory lock). */
 int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
                       struct store_replay_progress *p) __attribute__((warn_unused_result));
 /* The keys still selected after the last step: ordering_key, rows and the reason. */
