@@ -442,14 +442,16 @@ static void log_failure(struct worker *w, const struct store_row *row,
 		log_event(LOG_WARN, w->component, "could not publish, will retry",
 		          LOG_STR("id", row->id), LOG_STR("exchange", row->exchange),
 		          LOG_STR("routing_key", row->routing_key), LOG_INT("attempt", attempts),
-		          LOG_MS("retry_in", f->delay_ms), LOG_STR("error", res->error));
+		          LOG_MS("retry_in", f->delay_ms), LOG_STR("error", res->error),
+		          LOG_OPT("trace_id", res->trace_id[0] ? res->trace_id : NULL));
 		return;
 	}
 	log_event(LOG_ERROR, w->component,
 	          "message is dead, an operator must requeue or discard it", LOG_STR("id", row->id),
 	          LOG_STR("exchange", row->exchange), LOG_STR("routing_key", row->routing_key),
 	          LOG_INT("attempts", attempts), LOG_STR("error", res->error),
-	          LOG_OPT("ordering_key", row->ordering_key));
+	          LOG_OPT("ordering_key", row->ordering_key),
+	          LOG_OPT("trace_id", res->trace_id[0] ? res->trace_id : NULL));
 	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
 		log_event(LOG_ERROR, w->component, "dead row set aside, its ordering key moves on",
 		          LOG_STR("ordering_key", row->ordering_key), LOG_STR("id", row->id));
