@@ -231,6 +231,9 @@ char *metrics_render(const char *version)
 	        &m->released);
 	counter(&o, "outbox_relay_skipped_dead_total",
 	        "Keyed rows set aside under relay.ordering=skip-dead.", &m->skipped_dead);
+	counter(&o, "outbox_relay_replayed_total",
+	        "Rows published again because of outbox-relay replay (confirmed by the broker).",
+	        &m->replayed);
 	histogram(&o, "outbox_relay_batch_duration_seconds",
 	          "Time from claiming a batch to marking it.", &m->batch_duration);
 	histogram(&o, "outbox_relay_confirm_latency_seconds",

@@ -36,6 +36,7 @@ struct metrics {
 	atomic_ullong released;
 	atomic_ullong skipped_dead;               /* keyed rows set aside under skip-dead */
 	atomic_ullong broker_failovers;           /* connections made to another node */
+	atomic_ullong replayed;                   /* rows published again by a replay */
 	struct metrics_histogram batch_duration;  /* claim -> marked */
 	struct metrics_histogram confirm_latency; /* publish -> confirm */
 	/* gauges refreshed by the maintenance loop */

@@ -526,6 +526,10 @@ static void classify(struct worker *w, const struct store_batch *b, struct settl
 		switch (res->outcome) {
 		case BROKER_ACKED:
 			w->published[st->n_pub++] = r->id;
+			/* A row made pending by `outbox-relay replay` carries its header. */
+			if (store_row_replayed(r))
+				atomic_fetch_add_explicit(&g_metrics.replayed, 1,
+				                          memory_order_relaxed);
 			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);
 			break;
 		case BROKER_PENDING:

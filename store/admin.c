@@ -402,7 +402,12 @@ static int purge_sql(struct store *s, char *sql, size_t cap)
 	                 "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
 	                 " WHERE published_at IS NOT NULL"
 	                 " AND published_at < now() - $1::bigint * interval '1 millisecond'"
-	                 " ORDER BY published_at LIMIT $2::int))",
+	                 " ORDER BY published_at LIMIT $2::int))"
+	                 /* Checked again on the row it deletes: a row made pending meanwhile
+	                  * (a replay) must stay, also on servers whose TID scan does not
+	                  * re-check a row changed under it (before the 2025 minor releases). */
+	                 " AND published_at IS NOT NULL"
+	                 " AND published_at < now() - $1::bigint * interval '1 millisecond'",
 	                 s->table, s->table);
 }
 
