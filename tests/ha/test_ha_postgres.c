@@ -112,7 +112,7 @@ Test(ha_postgres, failover_and_rejoin, .init = ha_restore, .timeout = 600)
 	const char *env2[4];
 	int old, primary;
 	int64_t t_kill, t_promote0, t_promoted, first_fresh, recovery, t_rejoin0, rejoin_ms;
-	int64_t on_primary, on_standby, pause;
+	int64_t on_primary, on_standby, pause, last_before;
 	size_t committed, lost, keyed, received, dups, retries;
 	long standby_log_at;
 
@@ -192,14 +192,21 @@ Test(ha_postgres, failover_and_rejoin, .init = ha_restore, .timeout = 600)
 	received = consumer_received(f.cons);
 	dups = consumer_duplicates(f.cons);
 	keyed = ha_check_key_order(f.pg, f.table, f.cons, "ha postgres failover");
+	last_before = ha_last_arrival(f.cons, ps, 2, t_kill);
 
+	/* recovery_ms: kill to the first delivery of a row committed after the promotion;
+	 * pause_ms: the longest pause in deliveries meanwhile; last_old_row_ms: kill to the
+	 * arrival of the last row committed before it, 0 when all had arrived before it (rows
+	 * the relay had claimed on the old primary and not yet published wait for their lease
+	 * to end if the lease reached the standby). */
 	fprintf(stderr,
 	        "ha postgres failover: recovery_ms=%lld committed=%zu delivered=%zu lost=%zu "
 	        "duplicates=%zu keyed=%zu pause_ms=%lld kill_to_promote_ms=%lld promote_ms=%lld "
-	        "producer_retries=%zu\n",
+	        "last_old_row_ms=%lld producer_retries=%zu\n",
 	        (long long)recovery, committed, consumer_unique(f.cons), lost, dups, keyed,
 	        (long long)pause, (long long)(t_promote0 - t_kill),
-	        (long long)(t_promoted - t_promote0), retries);
+	        (long long)(t_promoted - t_promote0),
+	        (long long)(last_before > t_kill ? last_before - t_kill : 0), retries);
 	fprintf(stderr,
 	        "ha postgres rejoin: rejoin_ms=%lld relay_sessions_primary=%lld "
 	        "relay_sessions_standby=%lld statement_failures=%d standby_read_only_errors=%d\n",

@@ -1200,6 +1200,47 @@ int64_t ha_first_fresh_delivery(struct consumer *c, struct ha_producer *const *p
 	return -1;
 }
 
+struct arrival_walk {
+	json_t *first; /* id -> first arrival */
+	int64_t before_ms, last;
+};
+
+static void latest_arrival(const char *id, const struct ha_commit *row, void *arg)
+{
+	struct arrival_walk *w = arg;
+	json_t *at;
+
+	if (w->last < 0 || row->commit_ms >= w->before_ms)
+		return;
+	at = json_object_get(w->first, id);
+	if (at == NULL)
+		w->last = -1;
+	else if (json_integer_value(at) > w->last)
+		w->last = json_integer_value(at);
+}
+
+int64_t ha_last_arrival(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                        int64_t before_ms)
+{
+	const char *ids[DELIVERY_CHUNK];
+	int64_t at[DELIVERY_CHUNK];
+	struct arrival_walk w = { .first = json_object(), .before_ms = before_ms, .last = 0 };
+	size_t from = 0, got;
+
+	cr_assert_not_null(w.first);
+	while ((got = consumer_deliveries(c, from, ids, at, DELIVERY_CHUNK)) > 0) {
+		for (size_t i = 0; i < got; i++) {
+			if (json_object_get(w.first, ids[i]) == NULL)
+				json_object_set_new(w.first, ids[i], json_integer(at[i]));
+		}
+		from += got;
+	}
+	for (size_t k = 0; k < n; k++)
+		ha_producer_each(ps[k], latest_arrival, &w);
+	json_decref(w.first);
+	return w.last;
+}
+
 int64_t ha_first_delivery_after(struct consumer *c, int64_t from_ms)
 {
 	const char *ids[DELIVERY_CHUNK];

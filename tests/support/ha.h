@@ -220,6 +220,11 @@ size_t ha_wait_delivered(struct consumer *c, struct ha_producer *const *ps, size
  * -1 when none has arrived. */
 int64_t ha_first_fresh_delivery(struct consumer *c, struct ha_producer *const *ps, size_t n,
                                 int64_t since_ms);
+/* The latest first arrival at c (harness_now_ms()) among the rows the producers saw
+ * committed before before_ms: when the last of them had come; -1 when one has not come yet,
+ * 0 when there are none. */
+int64_t ha_last_arrival(struct consumer *c, struct ha_producer *const *ps, size_t n,
+                        int64_t before_ms);
 /* harness_now_ms() of the first delivery at c at or after from_ms, any row; -1 when none. */
 int64_t ha_first_delivery_after(struct consumer *c, int64_t from_ms);
 /* The longest pause between consecutive deliveries at c that ends in [from_ms, to_ms], in ms;
