@@ -85,9 +85,10 @@ struct broker {
 	bool connected;
 	bool blocked;
 	int64_t blocked_since_ms;
-	bool check_open;    /* CHECK_CHANNEL is open */
-	uint64_t max_body;  /* max_message_size learnt from a 406 on this connection; 0 = unknown */
-	size_t proven_body; /* bodies up to this size go in the pipeline (PIPELINE_BODY_MAX) */
+	bool check_open;   /* CHECK_CHANNEL is open */
+	uint64_t max_body; /* max_message_size learnt from a 406 on this connection; 0 = unknown */
+	int64_t batch_deadline_ms; /* broker_set_batch_deadline(); 0 = none */
+	size_t proven_body;     /* bodies up to this size go in the pipeline (PIPELINE_BODY_MAX) */
 	bool skip_frame_check;  /* broker_test_skip_frame_check() */
 	unsigned char *scratch; /* re-encodes the properties of a row whose publish failed */
 	size_t scratch_len;
@@ -281,6 +282,8 @@ static void copy_shown(char *out, size_t n, amqp_bytes_t s)
 	}
 }
 
+static int64_t batch_wait_end(const struct broker *b);
+
 static void release_channel(struct broker *b, amqp_channel_t ch)
 {
 	if (b->conn != NULL)
@@ -310,7 +313,7 @@ static int lost(struct broker *b)
 
 static int interrupted_err(struct broker *b, const char *what)
 {
-	set_err(b, "interrupted while %s", what);
+	set_err(b, "interrupted at the shutdown deadline while %s", what);
 	(void)lost(b);
 	return BROKER_ERR_ABORTED;
 }
@@ -1421,7 +1424,7 @@ static int check_exchange(struct broker *b, const char *name, int64_t deadline_m
 
 static int check_exchanges(struct broker *b)
 {
-	int64_t deadline_ms = clock_mono_ms() + b->opts.confirm_timeout_ms;
+	int64_t deadline_ms = batch_wait_end(b);
 	const char *last_ok = NULL;
 	char text[320];
 	int rc;
@@ -1647,15 +1650,39 @@ out:
 
 /* ---- waiting for confirms ---- */
 
+void broker_set_batch_deadline(struct broker *b, int64_t deadline_ms)
+{
+	b->batch_deadline_ms = deadline_ms > 0 ? deadline_ms : 0;
+}
+
+/* A wait of the batch that starts now: confirm_timeout from now, and never past the batch's
+ * lease (its rows may be claimed elsewhere once it runs out). */
+static int64_t batch_wait_end(const struct broker *b)
+{
+	int64_t end = clock_mono_ms() + b->opts.confirm_timeout_ms;
+
+	if (b->batch_deadline_ms > 0 && b->batch_deadline_ms < end)
+		end = b->batch_deadline_ms;
+	return end;
+}
+
 static int timed_out(struct broker *b)
 {
-	if (b->blocked && clock_mono_ms() - b->blocked_since_ms >= b->opts.confirm_timeout_ms)
-		set_err(b, "broker blocked the connection for more than %lld ms (resource alarm)",
-		        (long long)b->opts.confirm_timeout_ms);
+	size_t left = confirm_tracker_outstanding(&b->tracker);
+
+	/* connection.blocked arrives after the first publish into a blocked connection, so a
+	 * wait that began before it still ran into it: name the alarm whenever it is on. */
+	if (b->blocked)
+		set_err(b,
+		        "broker blocked the connection (resource alarm) and confirmed nothing more "
+		        "for %lld ms: %zu messages without a confirm",
+		        (long long)(clock_mono_ms() - b->blocked_since_ms), left);
+	else if (b->batch_deadline_ms > 0 && clock_mono_ms() >= b->batch_deadline_ms)
+		set_err(b, "the batch's lease ran out before the broker confirmed %zu messages",
+		        left);
 	else
 		set_err(b, "no confirm from broker within %lld ms for %zu messages",
-		        (long long)b->opts.confirm_timeout_ms,
-		        confirm_tracker_outstanding(&b->tracker));
+		        (long long)b->opts.confirm_timeout_ms, left);
 	return BROKER_ERR_TIMEOUT;
 }
 
@@ -1884,9 +1911,9 @@ static int settle(struct broker *b, int64_t deadline_ms)
 			if (!culprit_code(b->close_code))
 				return channel_gone(b);
 			if (!lone_unanswered(b, &culprit)) {
-				/* The search gets a fresh allowance: one round trip per row. */
-				return find_culprit(b,
-				                    clock_mono_ms() + b->opts.confirm_timeout_ms);
+				/* The search gets a fresh allowance, one round trip per row, but
+				 * never beyond the batch's lease. */
+				return find_culprit(b, batch_wait_end(b));
 			}
 			blame(b, culprit);
 			forget_exchanges(b);
@@ -1906,7 +1933,7 @@ static int settle(struct broker *b, int64_t deadline_ms)
 int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res)
 {
-	int64_t deadline_ms = clock_mono_ms() + b->opts.confirm_timeout_ms;
+	int64_t deadline_ms = batch_wait_end(b);
 	int rc = BROKER_OK;
 
 	if (!b->active || b->msgs != msgs || b->res != res || b->n != n) {

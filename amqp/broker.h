@@ -161,6 +161,13 @@ int broker_service(struct broker *b) __attribute__((warn_unused_result));
 int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
                    struct broker_result *res) __attribute__((warn_unused_result));
 
+/* Every wait for the batch about to be published (the exchange check, its confirms, the
+ * culprit search) ends by deadline_ms (CLOCK_MONOTONIC; 0 = none) as well as by
+ * confirm_timeout: the batch's lease, after which its rows may be claimed by another relay.
+ * A wait it ends returns BROKER_ERR_TIMEOUT with a text saying the lease ran out. Stays set
+ * until changed. */
+void broker_set_batch_deadline(struct broker *b, int64_t deadline_ms);
+
 /* Waits for the broker's answer to everything the last broker_publish() sent, then
  * publishes the deferred rows (above) and waits for those, all within confirm_timeout. When
  * the broker closes the channel because of one publish (404/406/403), reopens it; the

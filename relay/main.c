@@ -21,6 +21,7 @@ static const char usage[] =
         "                           (--body TEXT | --body-file F) [--header k=v ...]\n"
         "                           [--property k=v ...] [--content-type T] [--delay D]\n"
         "                           [--ordering-key K] [--id ID]\n"
+        "                           [--traceparent TP [--tracestate TS]]\n"
         "  status [--json]          pending, leased, dead, published rows, oldest pending age\n"
         "  dead [--json] [--limit N]  list dead rows with their last error\n"
         "  requeue --id ID... | --all-dead   make dead or failed rows pending again\n"

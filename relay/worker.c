@@ -583,29 +583,31 @@ static void set_claim_floor(struct worker *w, const struct store_batch *x)
 	store_set_claim_floor(w->store, floor_seq);
 }
 
-/* Never publish a row whose lease cannot cover the publish and its confirms: a claim made
- * while the previous batch waited for its confirms may have little lease left. The lease is
- * renewed (fenced: rows another relay took meanwhile are dropped from the batch) or, when
- * the database cannot do that now, the batch is left to its lease. False when nothing of x
- * may be published. */
+/* A batch claimed while the previous one waited for its confirms may have little lease left:
+ * it is renewed first (fenced: rows another relay took meanwhile are dropped from the batch),
+ * and every wait of its publishing ends before its lease does (broker_set_batch_deadline), so
+ * that no row is ever waited on past its lease. A batch is never left aside for having too
+ * little lease — on a loaded machine that could repeat for ever; at worst its confirms are
+ * cut short and its rows released. False when nothing of x may be published. */
 static bool lease_covers(struct worker *w, struct store_batch *x)
 {
 	int64_t spare = (w->cfg->relay_lease_ms - w->cfg->amqp_confirm_timeout_ms) / 2;
-	int64_t need =
-	        w->cfg->amqp_confirm_timeout_ms +
-	        (spare < LEASE_MARGIN_MAX_MS ? (spare > 0 ? spare : 0) : LEASE_MARGIN_MAX_MS);
+	int64_t margin =
+	        spare < LEASE_MARGIN_MAX_MS ? (spare > 0 ? spare : 0) : LEASE_MARGIN_MAX_MS;
 	int rc;
 
-	if (x->lease_deadline_ms - clock_mono_ms() >= need)
-		return true;
-	if (finish_mark(w) < 0)
-		return false;
-	rc = store_renew(w->store, x);
-	if (rc < 0) {
-		db_failed(w, rc, "renewing leases");
-		return false;
+	if (x->lease_deadline_ms - clock_mono_ms() < w->cfg->amqp_confirm_timeout_ms + margin) {
+		if (finish_mark(w) < 0)
+			return false;
+		rc = store_renew(w->store, x);
+		if (rc < 0) {
+			db_failed(w, rc, "renewing leases");
+			return false;
+		}
 	}
-	return x->n > 0 && x->lease_deadline_ms - clock_mono_ms() >= need;
+	/* The mark that follows the confirms needs a moment of lease too (margin). */
+	broker_set_batch_deadline(w->broker, x->lease_deadline_ms - margin);
+	return x->n > 0 && x->lease_deadline_ms - margin > clock_mono_ms();
 }
 
 /* The database could not hear how the batch went: the confirmed rows are owed (marked after
