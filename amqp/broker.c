@@ -88,6 +88,7 @@ struct broker {
 	bool check_open;   /* CHECK_CHANNEL is open */
 	uint64_t max_body; /* max_message_size learnt from a 406 on this connection; 0 = unknown */
 	int64_t batch_deadline_ms; /* broker_set_batch_deadline(); 0 = none */
+	bool connecting;           /* inside broker_connect(): a stop ends its waits at once */
 	size_t proven_body;     /* bodies up to this size go in the pipeline (PIPELINE_BODY_MAX) */
 	bool skip_frame_check;  /* broker_test_skip_frame_check() */
 	unsigned char *scratch; /* re-encodes the properties of a row whose publish failed */
@@ -352,6 +353,12 @@ static int wait_fd(struct broker *b, int fd, short events, int64_t deadline_ms, 
 			(void)lost(b);
 			return BROKER_ERR_ABORTED;
 		}
+		/* Nothing is in flight while connecting: a stop need not wait for its deadline. */
+		if (stop != 0 && b->connecting) {
+			set_err(b, "stopped %s: the relay is stopping", what);
+			(void)lost(b);
+			return BROKER_ERR_ABORTED;
+		}
 		if (now >= deadline_ms)
 			return 0;
 		if (stop != 0 && stop < end)
@@ -459,7 +466,14 @@ static int send_close_ok(struct broker *b, amqp_channel_t ch)
 
 		rc = amqp_send_method(b->conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
 	}
-	return rc == AMQP_STATUS_OK ? BROKER_OK : io_failed(b, "closing a channel", rc);
+	if (rc == AMQP_STATUS_OK)
+		return BROKER_OK;
+	/* Answering the broker's own connection.close: the connection is gone either way, and
+	 * the reason the broker gave (say, 320 'shutdown') is what the log must show, not the
+	 * socket error of a close-ok nobody reads. */
+	if (ch == 0)
+		return lost(b);
+	return io_failed(b, "closing a channel", rc);
 }
 
 /* Handles one frame; anything kept is copied before the channel's buffers are recycled. */
@@ -1266,11 +1280,17 @@ int broker_connect(struct broker *b)
 		b->started = true;
 	}
 	start = b->next_node;
+	if (abort_at(b) != 0) {
+		set_err(b, "not connecting: the relay is stopping");
+		return BROKER_ERR_ABORTED;
+	}
 	for (size_t k = 0; k < b->nnodes; k++) {
 		size_t idx = (start + k) % b->nnodes;
 
 		snprintf(b->node_name, sizeof(b->node_name), "%s", b->nodes[idx].name);
+		b->connecting = true;
 		rc = connect_node(b, idx, clock_mono_ms() + connect_timeout_ms(b));
+		b->connecting = false;
 		if (rc == BROKER_OK) {
 			b->next_node = idx;
 			return BROKER_OK;

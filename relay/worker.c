@@ -436,10 +436,10 @@ static int pay_owed(struct worker *w)
 
 static void log_failure(struct worker *w, const struct store_row *row,
                         const struct broker_result *res, const struct store_failure *f,
-                        int attempts)
+                        int attempts, enum log_level retry_level)
 {
 	if (!f->dead) {
-		log_event(LOG_WARN, w->component, "could not publish, will retry",
+		log_event(retry_level, w->component, "could not publish, will retry",
 		          LOG_STR("id", row->id), LOG_STR("exchange", row->exchange),
 		          LOG_STR("routing_key", row->routing_key), LOG_INT("attempt", attempts),
 		          LOG_MS("retry_in", f->delay_ms), LOG_STR("error", res->error),
@@ -507,6 +507,7 @@ static void prepare(struct worker *w, const struct store_batch *b)
 /* The outcome of one batch, sorted by what the database must hear. */
 struct settled {
 	size_t n_pub, n_fail, n_rel, n_nacked;
+	bool quiet_nacks; /* most of the batch was nacked: its rows are logged at debug */
 };
 
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
@@ -516,6 +517,13 @@ struct settled {
 static void classify(struct worker *w, const struct store_batch *b, struct settled *st)
 {
 	const struct config *cfg = w->cfg;
+	size_t nacked = 0;
+
+	/* Most of a batch nacked is one condition of the broker, said once by nacked_most():
+	 * its rows are logged at debug then, not as thousands of warn lines. */
+	for (size_t i = 0; i < b->n; i++)
+		nacked += w->res[i].outcome == BROKER_NACKED;
+	st->quiet_nacks = nacked > 0 && 2 * nacked > b->n;
 
 	for (size_t i = 0; i < b->n; i++) {
 		const struct store_row *r = &b->rows[i];
@@ -555,7 +563,8 @@ static void classify(struct worker *w, const struct store_batch *b, struct settl
 			                          memory_order_relaxed);
 			if (f->dead)
 				atomic_fetch_add_explicit(&g_metrics.dead, 1, memory_order_relaxed);
-			log_failure(w, r, res, f, attempts);
+			log_failure(w, r, res, f, attempts,
+			            f->uncounted && st->quiet_nacks ? LOG_DEBUG : LOG_WARN);
 			break;
 		}
 	}
@@ -719,8 +728,6 @@ static void cycle(struct worker *w)
 	}
 	if (brc == BROKER_OK)
 		brc = broker_confirm(w->broker, w->msgs, x->n, w->res);
-	if (brc == BROKER_OK)
-		w->mq.streak = 0;
 	if (claiming) {
 		rc = store_claim_recv(w->store, next);
 		if (rc < 0) {
@@ -733,6 +740,10 @@ static void cycle(struct worker *w)
 	}
 
 	classify(w, x, &st);
+	/* The broker did useful work only if it took something: a batch it nacked whole (a queue
+	 * without its majority) must let the reconnect backoff grow. */
+	if (brc == BROKER_OK && st.n_pub > 0)
+		w->mq.streak = 0;
 	if (brc < 0) {
 		broker_failed(w, brc, true);
 		/* The next batch cannot be published before the broker is back: hand it back now
