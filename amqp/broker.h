@@ -1,7 +1,12 @@
 /* The relay's side of RabbitMQ (rabbitmq-c 0.11): one connection to one node of a cluster and
  * one confirm-mode channel, publishing rows with `mandatory` and reading basic.ack /
  * basic.nack / basic.return and channel/connection closes ourselves (0.11 has no
- * confirm-wait helper). */
+ * confirm-wait helper).
+ *
+ * Threads: a struct broker belongs to one thread at a time (rabbitmq-c connections are not
+ * thread-safe, and heartbeats are only serviced inside its calls: call broker_service() at
+ * least every heartbeat/2 while idle); only broker_interrupt() may be called from another
+ * thread. Error texts never hold a password. */
 #ifndef OUTBOX_AMQP_BROKER_H
 #define OUTBOX_AMQP_BROKER_H
 

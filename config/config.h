@@ -8,6 +8,10 @@
 #include <stdint.h>
 
 enum config_ordering { CONFIG_ORDERING_STRICT, CONFIG_ORDERING_SKIP_DEAD };
+
+/* relay.workers' upper bound: the relay keeps per-worker arrays of this size (checked where
+ * they are defined, in relay/). */
+#define CONFIG_RELAY_WORKERS_MAX 64
 enum config_log_level { CONFIG_LOG_DEBUG, CONFIG_LOG_INFO, CONFIG_LOG_WARN, CONFIG_LOG_ERROR };
 enum config_log_format { CONFIG_LOG_TEXT, CONFIG_LOG_JSON };
 

@@ -225,7 +225,7 @@ static const struct config_key keys[] = {
 	        .type = CONFIG_INT,
 	        .def = "1",
 	        .min = 1,
-	        .max = 64,
+	        .max = CONFIG_RELAY_WORKERS_MAX,
 	        .field = FIELD(relay_workers),
 	        .help = "relay threads, each with its own connections",
 	},

@@ -2,6 +2,8 @@
  * relay threads, the reader is the HTTP thread; all access is relaxed atomics. */
 #include "relay/metrics.h"
 
+#include "config/config.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -146,6 +148,11 @@ static void label_value(const char *v, char *buf, size_t n)
 	}
 	buf[j] = '\0';
 }
+
+/* Every worker has its slot in the per-worker arrays (ticks, nodes): relay.workers may never
+ * ask for more than they hold. */
+_Static_assert(CONFIG_RELAY_WORKERS_MAX <= METRICS_MAX_WORKERS,
+               "relay.workers' maximum exceeds the per-worker arrays of g_metrics");
 
 /* The nodes workers are connected to, a snapshot the workers publish under a lock (strings
  * cannot be atomics). */
