@@ -28,38 +28,19 @@ static int parse_double(const char *v, double *out)
 	return 0;
 }
 
-/* Formats a statement into sql[cap]; 0, or STORE_ERR_FATAL when it does not fit. */
-static int build_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-
-static int build_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
-{
-	va_list ap;
-	int w;
-
-	va_start(ap, fmt);
-	w = vsnprintf(sql, cap, fmt, ap);
-	va_end(ap);
-	if (w < 0 || (size_t)w >= cap) {
-		store_set_error(s, "statement text too long");
-		return STORE_ERR_FATAL;
-	}
-	return 0;
-}
-
 /* The head rows (oldest unpublished) of every ordering key, and which of them block their
  * key: dead, or failed and waiting in backoff. Under skip-dead a dead row is set aside, so
  * the head is the oldest row that is not dead. $1 = max_attempts. */
 static int blocked_cte(struct store *s, char *out, size_t cap)
 {
-	return build_sql(s, out, cap,
-	                 "heads AS (SELECT DISTINCT ON (ordering_key) id, exchange_name,"
-	                 " routing_key, ordering_key, last_error, attempts, created_at,"
-	                 " available_at, seq FROM %s WHERE published_at IS NULL"
-	                 " AND ordering_key IS NOT NULL%s ORDER BY ordering_key, seq),"
-	                 " blocked AS (SELECT * FROM heads WHERE attempts >= $1::int"
-	                 " OR (attempts > 0 AND available_at > now()))",
-	                 s->table, s->opts.skip_dead ? " AND attempts < $1::int" : "");
+	return store_format_sql(s, out, cap,
+	                        "heads AS (SELECT DISTINCT ON (ordering_key) id, exchange_name,"
+	                        " routing_key, ordering_key, last_error, attempts, created_at,"
+	                        " available_at, seq FROM %s WHERE published_at IS NULL"
+	                        " AND ordering_key IS NOT NULL%s ORDER BY ordering_key, seq),"
+	                        " blocked AS (SELECT * FROM heads WHERE attempts >= $1::int"
+	                        " OR (attempts > 0 AND available_at > now()))",
+	                        s->table, s->opts.skip_dead ? " AND attempts < $1::int" : "");
 }
 
 /* A published-row count above this many pages is estimated (see store_status()); below it
@@ -80,7 +61,7 @@ static int status_sql(struct store *s, char *sql, size_t cap)
 
 	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
 		return rc;
-	return build_sql(
+	return store_format_sql(
 	        s, sql, cap,
 	        "WITH %s SELECT u.pending, u.leased, u.dead,"
 	        " GREATEST(0, (SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
@@ -142,9 +123,9 @@ int store_status(struct store *s, struct store_status *st)
 	if (pages <= COUNT_PUBLISHED_MAX_PAGES) {
 		PQclear(res);
 		res = NULL;
-		if ((rc = build_sql(s, sql, sizeof(sql),
-		                    "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
-		                    s->table)) != 0)
+		if ((rc = store_format_sql(s, sql, sizeof(sql),
+		                           "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
+		                           s->table)) != 0)
 			goto out;
 		rc = store_exec(s, sql, 0, NULL, PGRES_TUPLES_OK, &res,
 		                "could not count published rows");
@@ -254,10 +235,10 @@ out:
  * all). */
 static int dead_sql(struct store *s, char *sql, size_t cap)
 {
-	return build_sql(s, sql, cap,
-	                 "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
-	                 " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
-	                 s->table);
+	return store_format_sql(s, sql, cap,
+	                        "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
+	                        " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
+	                        s->table);
 }
 
 /* The key index's head rows that block their key. Parameters as dead_sql(). */
@@ -268,7 +249,7 @@ static int blocked_sql(struct store *s, char *sql, size_t cap)
 
 	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
 		return rc;
-	return build_sql(
+	return store_format_sql(
 	        s, sql, cap,
 	        "WITH %s SELECT " LIST_COLUMNS " FROM blocked ORDER BY seq LIMIT $2::bigint", cte);
 }
@@ -308,10 +289,11 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
  * ids, or max_attempts. */
 static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
 {
-	return build_sql(s, sql, cap,
-	                 "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
-	                 " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
-	                 s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])");
+	return store_format_sql(
+	        s, sql, cap,
+	        "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
+	        " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
+	        s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])");
 }
 
 /* ids are borrowed. A requeue also notifies the channel once, so a relay asleep until its
@@ -376,9 +358,10 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc != 0)
 		goto out;
-	if ((rc = build_sql(s, sql, sizeof(sql),
-	                    "DELETE FROM %s WHERE published_at IS NULL AND id = ANY($1::text[])",
-	                    s->table)) != 0)
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "DELETE FROM %s WHERE published_at IS NULL AND id = ANY($1::text[])",
+	             s->table)) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not discard");
 	if (rc != 0)
@@ -398,17 +381,17 @@ out:
  * thinks of the rest of the table). $1 = age in ms, $2 = slice size. */
 static int purge_sql(struct store *s, char *sql, size_t cap)
 {
-	return build_sql(s, sql, cap,
-	                 "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
-	                 " WHERE published_at IS NOT NULL"
-	                 " AND published_at < now() - $1::bigint * interval '1 millisecond'"
-	                 " ORDER BY published_at LIMIT $2::int))"
-	                 /* Checked again on the row it deletes: a row made pending meanwhile
+	return store_format_sql(s, sql, cap,
+	                        "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
+	                        " WHERE published_at IS NOT NULL"
+	                        " AND published_at < now() - $1::bigint * interval '1 millisecond'"
+	                        " ORDER BY published_at LIMIT $2::int))"
+	                        /* Checked again on the row it deletes: a row made pending meanwhile
 	                  * (a replay) must stay, also on servers whose TID scan does not
 	                  * re-check a row changed under it (before the 2025 minor releases). */
-	                 " AND published_at IS NOT NULL"
-	                 " AND published_at < now() - $1::bigint * interval '1 millisecond'",
-	                 s->table, s->table);
+	                        " AND published_at IS NOT NULL"
+	                        " AND published_at < now() - $1::bigint * interval '1 millisecond'",
+	                        s->table, s->table);
 }
 
 int store_admin_sql(struct store *s, enum store_admin_sql which, char *out, size_t cap)

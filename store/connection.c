@@ -540,6 +540,32 @@ out:
 	return rc;
 }
 
+int store_resolve_sequence(struct store *s)
+{
+	const char *params[1] = { s->table };
+	PGresult *res = NULL;
+	int rc;
+
+	rc = store_exec(s,
+	                "SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
+	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text",
+	                1, params, PGRES_TUPLES_OK, &res, "could not find the seq sequence");
+	if (rc != 0)
+		return rc;
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+		store_set_error(s,
+		                "table '%s' has no identity sequence behind seq: run "
+		                "'outbox-relay migrate'",
+		                s->table);
+		rc = STORE_ERR_FATAL;
+	} else {
+		s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
+		s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
+	}
+	PQclear(res);
+	return rc;
+}
+
 /* The relay's session. The claim must walk the pending index in seq order and stop after
  * `batch` rows. With missing or stale statistics (a bulk load before autoanalyze) the planner
  * prefers a bitmap scan of every pending row plus a sort, measured at 30x the time on a
@@ -559,7 +585,6 @@ static int setup_session(struct store *s)
 {
 	char sql[STORE_NAME_MAX + 512];
 	PGresult *res = NULL;
-	const char *params[1] = { s->table };
 	char *pid = NULL;
 	int rc;
 
@@ -572,18 +597,13 @@ static int setup_session(struct store *s)
 		return rc;
 	rc = store_exec(s,
 	                "SELECT pg_backend_pid()::text, pg_is_in_recovery(),"
-	                " current_setting('transaction_read_only') = 'on',"
-	                " pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
-	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text",
-	                1, params, PGRES_TUPLES_OK, &res, "could not set up the session");
+	                " current_setting('transaction_read_only') = 'on'",
+	                0, NULL, PGRES_TUPLES_OK, &res, "could not set up the session");
 	if (rc != 0)
 		return rc;
-	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 3)) {
-		store_set_error(s,
-		                "table '%s' has no identity sequence behind seq: run "
-		                "'outbox-relay migrate'",
-		                s->table);
-		rc = STORE_ERR_FATAL;
+	if (PQntuples(res) != 1) {
+		store_set_error(s, "could not set up the session: unexpected answer");
+		rc = STORE_ERR_QUERY;
 		goto out;
 	}
 	if (PQgetvalue(res, 0, 1)[0] == 't' || PQgetvalue(res, 0, 2)[0] == 't') {
@@ -594,8 +614,6 @@ static int setup_session(struct store *s)
 		rc = STORE_ERR_CONN;
 		goto out;
 	}
-	s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 3), NULL, 10);
-	s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 4), NULL, 10);
 	pid = strdup(PQgetvalue(res, 0, 0));
 	PQclear(res);
 	res = NULL;
@@ -603,6 +621,8 @@ static int setup_session(struct store *s)
 		store_set_error(s, "out of memory");
 		return STORE_ERR_NOMEM;
 	}
+	if ((rc = store_resolve_sequence(s)) != 0)
+		goto out;
 	rc = check_pooler(s, pid);
 out:
 	PQclear(res);

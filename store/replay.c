@@ -26,61 +26,6 @@
 #define ISO_MS(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 #define ISO_US(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
-static int build(struct store *s, char *sql, size_t cap, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-
-static int build(struct store *s, char *sql, size_t cap, const char *fmt, ...)
-{
-	va_list ap;
-	int w;
-
-	va_start(ap, fmt);
-	w = vsnprintf(sql, cap, fmt, ap);
-	va_end(ap);
-	if (w < 0 || (size_t)w >= cap) {
-		store_set_error(s, "statement text too long");
-		return STORE_ERR_FATAL;
-	}
-	return 0;
-}
-
-/* store_exec() that also tells the failed statement's SQLSTATE (state[6], "" when none): a
- * bad time is the operator's input and a deadlock is worth another try, neither a failure
- * of the database. */
-static int exec_state(struct store *s, const char *sql, int n, const char *const *params,
-                      ExecStatusType want, PGresult **out, const char *what, char *state)
-{
-	PGresult *res = NULL;
-	int rc;
-
-	state[0] = '\0';
-	if ((rc = store_require_conn(s)) != 0)
-		return rc;
-	if (PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0)) {
-		s->inflight = STORE_INFLIGHT_SYNC;
-		s->inflight_sent_ms = clock_mono_ms();
-		res = store_collect(s);
-	}
-	if (PQresultStatus(res) != want) {
-		const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-
-		if (st)
-			snprintf(state, 6, "%s", st);
-		rc = store_result_error(s, res, what);
-		/* The operator's input: the server's one line says it (no statement context). */
-		if (strncmp(state, "22", 2) == 0 &&
-		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY))
-			store_set_line(s, NULL, PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY));
-		PQclear(res);
-		return rc;
-	}
-	if (out)
-		*out = res;
-	else
-		PQclear(res);
-	return 0;
-}
-
 /* Ends the transaction a failed step began, keeping the failure's message. */
 static void rollback(struct store *s)
 {
@@ -127,7 +72,6 @@ bool store_row_replayed(const struct store_row *r)
 /* Ownership: asked_at[cap] gets the server's time now (UTC, ms), the replay's stamp. */
 int store_replay_begin(struct store *s, char *asked_at, size_t cap)
 {
-	const char *params[1] = { s->table };
 	PGresult *res = NULL;
 	int rc;
 
@@ -142,28 +86,16 @@ int store_replay_begin(struct store *s, char *asked_at, size_t cap)
 	        0, NULL, PGRES_COMMAND_OK, NULL, "could not set up the replay");
 	if (rc != 0)
 		return rc;
-	rc = store_exec(s,
-	                "SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
-	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text,"
-	                " " ISO_MS("now()") ", pg_backend_pid()",
-	                1, params, PGRES_TUPLES_OK, &res, "could not set up the replay");
+	if ((rc = store_resolve_sequence(s)) != 0)
+		return rc;
+	rc = store_exec(s, "SELECT " ISO_MS("now()") ", pg_backend_pid()", 0, NULL, PGRES_TUPLES_OK,
+	                &res, "could not set up the replay");
 	if (rc != 0)
 		return rc;
-	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
-		store_set_error(s,
-		                "table '%s' has no identity sequence behind seq: run "
-		                "'outbox-relay migrate'",
-		                s->table);
-		rc = STORE_ERR_FATAL;
-		goto out;
-	}
-	s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
-	s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
-	snprintf(asked_at, cap, "%s", PQgetvalue(res, 0, 2));
+	snprintf(asked_at, cap, "%s", PQgetvalue(res, 0, 0));
 	/* What the parked rows' locked_by says (park_keys()): who holds them, and since when. */
-	snprintf(s->claim_token, sizeof(s->claim_token), "replay#%s.%s", PQgetvalue(res, 0, 3),
+	snprintf(s->claim_token, sizeof(s->claim_token), "replay#%s.%s", PQgetvalue(res, 0, 1),
 	         asked_at);
-out:
 	PQclear(res);
 	return rc;
 }
@@ -177,13 +109,14 @@ int store_replay_time(struct store *s, const char *at, int64_t ago_ms, char *out
 	int rc;
 
 	snprintf(ago, sizeof(ago), "%lld", (long long)(ago_ms > 0 ? ago_ms : 0));
-	rc = exec_state(s,
-	                "SELECT CASE WHEN isfinite(t) THEN " ISO_US(
-	                        "t") " END FROM (SELECT"
-	                             " COALESCE($1::timestamptz, now() - $2::bigint * interval '1 "
-	                             "millisecond')"
-	                             " AS t) x",
-	                2, params, PGRES_TUPLES_OK, &res, "could not read the time", state);
+	rc = store_exec_state(
+	        s,
+	        "SELECT CASE WHEN isfinite(t) THEN " ISO_US(
+	                "t") " END FROM (SELECT"
+	                     " COALESCE($1::timestamptz, now() - $2::bigint * interval '1 "
+	                     "millisecond')"
+	                     " AS t) x",
+	        2, params, PGRES_TUPLES_OK, &res, "could not read the time", state);
 	if (rc != 0)
 		return strncmp(state, "22", 2) == 0 ? 1 : rc; /* class 22: data exception */
 	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
@@ -205,7 +138,7 @@ static int add_cond(struct store *s, char *sql, size_t cap, const char **params,
 	if (!value)
 		return 0;
 	params[(*np)++] = value;
-	return build(s, sql + len, cap - len, " AND %s$%d%s", before, *np, after);
+	return store_format_sql(s, sql + len, cap - len, " AND %s$%d%s", before, *np, after);
 }
 
 /* The selection, fixed now: rows published later, or replayed while this replay waits for a
@@ -227,10 +160,11 @@ int store_replay_select(struct store *s, const struct store_replay_filter *f, in
 	                                           store_string_at, false, &ids)) != 0)
 		return rc;
 	/* '!' escapes the LIKE pattern: a backslash would depend on standard_conforming_strings. */
-	if ((rc = build(s, sql, sizeof(sql),
-	                "INSERT INTO " SEL " (seq, ordering_key) SELECT o.seq, o.ordering_key"
-	                " FROM %s o WHERE o.published_at IS NOT NULL",
-	                s->table)) != 0 ||
+	if ((rc = store_format_sql(s, sql, sizeof(sql),
+	                           "INSERT INTO " SEL
+	                           " (seq, ordering_key) SELECT o.seq, o.ordering_key"
+	                           " FROM %s o WHERE o.published_at IS NOT NULL",
+	                           s->table)) != 0 ||
 	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.id = ANY(", "::text[])", ids)) !=
 	            0 ||
 	    (rc = add_cond(s, sql, sizeof(sql), params, &np, since, "::timestamptz", f->since)) !=
@@ -297,10 +231,10 @@ int store_replay_list(struct store *s, store_replay_fn fn, void *arg)
 	int rc;
 
 	/* Pages by seq, so that a large selection is never held in memory at once. */
-	if ((rc = build(s, sql, sizeof(sql),
-	                "SELECT %s FROM %s o JOIN " SEL " r ON r.seq = o.seq"
-	                " WHERE o.seq > $1::bigint ORDER BY o.seq LIMIT %d",
-	                LIST_COLUMNS, s->table, REPLAY_PAGE)) != 0)
+	if ((rc = store_format_sql(s, sql, sizeof(sql),
+	                           "SELECT %s FROM %s o JOIN " SEL " r ON r.seq = o.seq"
+	                           " WHERE o.seq > $1::bigint ORDER BY o.seq LIMIT %d",
+	                           LIST_COLUMNS, s->table, REPLAY_PAGE)) != 0)
 		return rc;
 	for (;;) {
 		PGresult *res = NULL;
@@ -333,16 +267,17 @@ int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, 
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc != 0)
 		return rc;
-	if ((rc = build(s, sql, sizeof(sql),
-	                "SELECT i.id, NULL, NULL, NULL, NULL, NULL, CASE"
-	                " WHEN o.id IS NULL THEN 'not in the table'"
-	                " WHEN o.published_at IS NULL THEN 'not published (pending or dead)'"
-	                " ELSE 'published, but left out by the other filters' END"
-	                " FROM unnest($1::text[]) WITH ORDINALITY AS i(id, n)"
-	                " LEFT JOIN %s o ON o.id = i.id"
-	                " WHERE o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM " SEL
-	                " r WHERE r.seq = o.seq) ORDER BY i.n",
-	                s->table)) != 0)
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "SELECT i.id, NULL, NULL, NULL, NULL, NULL, CASE"
+	             " WHEN o.id IS NULL THEN 'not in the table'"
+	             " WHEN o.published_at IS NULL THEN 'not published (pending or dead)'"
+	             " ELSE 'published, but left out by the other filters' END"
+	             " FROM unnest($1::text[]) WITH ORDINALITY AS i(id, n)"
+	             " LEFT JOIN %s o ON o.id = i.id"
+	             " WHERE o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM " SEL
+	             " r WHERE r.seq = o.seq) ORDER BY i.n",
+	             s->table)) != 0)
 		return rc;
 	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not look up the ids");
 	if (rc != 0)
@@ -366,16 +301,17 @@ int store_replay_refused(struct store *s, store_replay_fn fn, void *arg, int64_t
 
 	if ((rc = store_exec(s, "TRUNCATE " REFUSED, 0, NULL, PGRES_COMMAND_OK, NULL,
 	                     "could not check the headers")) != 0 ||
-	    (rc = build(s, sql, sizeof(sql),
-	                "INSERT INTO " REFUSED " SELECT o.seq, o.id,"
-	                " 'its headers are not a JSON object' FROM %s o JOIN " SEL
-	                " r ON r.seq = o.seq WHERE jsonb_typeof(o.headers::jsonb) <> 'object'",
-	                s->table)) != 0)
+	    (rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "INSERT INTO " REFUSED " SELECT o.seq, o.id,"
+	             " 'its headers are not a JSON object' FROM %s o JOIN " SEL
+	             " r ON r.seq = o.seq WHERE jsonb_typeof(o.headers::jsonb) <> 'object'",
+	             s->table)) != 0)
 		return rc;
-	rc = exec_state(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not check the headers",
-	                state);
+	rc = store_exec_state(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL,
+	                      "could not check the headers", state);
 	if (rc != 0 && strncmp(state, "22", 2) == 0) {
-		if ((rc = build(
+		if ((rc = store_format_sql(
 		             s, sql, sizeof(sql),
 		             "DO $replay$ DECLARE r record; BEGIN"
 		             " FOR r IN SELECT o.seq, o.id, o.headers FROM %s o JOIN " SEL
@@ -514,37 +450,38 @@ static int park_keys(struct store *s, int64_t *parked, char *state)
 	int rc;
 
 	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
-	if ((rc = build(s, sql, sizeof(sql),
-	                "WITH k AS (SELECT DISTINCT ordering_key FROM " SEL
-	                " WHERE ordering_key IS NOT NULL),"
-	                " u AS MATERIALIZED (SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
-	                " COALESCE(o.locked_until >= now(), false) AS leased"
-	                " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
-	                " WHERE o.published_at IS NULL),"
-	                /* the lease as the locked (latest) row version has it */
-	                " l AS MATERIALIZED (SELECT o.seq, o.locked_by, o.published_at IS NULL"
-	                " AND COALESCE(o.locked_until >= now(), false) AS leased FROM %s o"
-	                " WHERE o.seq IN (SELECT seq FROM u WHERE NOT leased)"
-	                " FOR UPDATE OF o SKIP LOCKED),"
-	                " busy AS MATERIALIZED (SELECT u.ordering_key, (array_agg(CASE"
-	                " WHEN u.leased OR l.leased THEN format('row %%L is being published"
-	                " (leased by %%L)', u.id, COALESCE(l.locked_by, u.locked_by))"
-	                " ELSE format('row %%L is locked by another transaction', u.id) END"
-	                " ORDER BY u.seq))[1] AS reason"
-	                " FROM u LEFT JOIN l ON l.seq = u.seq"
-	                " WHERE u.leased OR l.seq IS NULL OR l.leased GROUP BY u.ordering_key),"
-	                " noted AS (UPDATE " SEL " r SET reason = b.reason FROM busy b"
-	                " WHERE r.ordering_key = b.ordering_key),"
-	                " parked AS (UPDATE %s o SET locked_by = $1::text, locked_until ="
-	                " clock_timestamp() + $2::bigint * interval '1 millisecond'"
-	                " FROM l JOIN u ON u.seq = l.seq WHERE o.seq = l.seq AND NOT l.leased"
-	                " AND o.published_at IS NULL AND NOT EXISTS (SELECT 1 FROM busy b"
-	                " WHERE b.ordering_key = u.ordering_key) RETURNING 1)"
-	                " SELECT count(*) FROM parked",
-	                s->table, s->table, s->table)) != 0)
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "WITH k AS (SELECT DISTINCT ordering_key FROM " SEL
+	             " WHERE ordering_key IS NOT NULL),"
+	             " u AS MATERIALIZED (SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
+	             " COALESCE(o.locked_until >= now(), false) AS leased"
+	             " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
+	             " WHERE o.published_at IS NULL),"
+	             /* the lease as the locked (latest) row version has it */
+	             " l AS MATERIALIZED (SELECT o.seq, o.locked_by, o.published_at IS NULL"
+	             " AND COALESCE(o.locked_until >= now(), false) AS leased FROM %s o"
+	             " WHERE o.seq IN (SELECT seq FROM u WHERE NOT leased)"
+	             " FOR UPDATE OF o SKIP LOCKED),"
+	             " busy AS MATERIALIZED (SELECT u.ordering_key, (array_agg(CASE"
+	             " WHEN u.leased OR l.leased THEN format('row %%L is being published"
+	             " (leased by %%L)', u.id, COALESCE(l.locked_by, u.locked_by))"
+	             " ELSE format('row %%L is locked by another transaction', u.id) END"
+	             " ORDER BY u.seq))[1] AS reason"
+	             " FROM u LEFT JOIN l ON l.seq = u.seq"
+	             " WHERE u.leased OR l.seq IS NULL OR l.leased GROUP BY u.ordering_key),"
+	             " noted AS (UPDATE " SEL " r SET reason = b.reason FROM busy b"
+	             " WHERE r.ordering_key = b.ordering_key),"
+	             " parked AS (UPDATE %s o SET locked_by = $1::text, locked_until ="
+	             " clock_timestamp() + $2::bigint * interval '1 millisecond'"
+	             " FROM l JOIN u ON u.seq = l.seq WHERE o.seq = l.seq AND NOT l.leased"
+	             " AND o.published_at IS NULL AND NOT EXISTS (SELECT 1 FROM busy b"
+	             " WHERE b.ordering_key = u.ordering_key) RETURNING 1)"
+	             " SELECT count(*) FROM parked",
+	             s->table, s->table, s->table)) != 0)
 		return rc;
-	rc = exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not check the keys",
-	                state);
+	rc = store_exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not check the keys",
+	                      state);
 	if (rc != 0)
 		return rc;
 	if (store_parse_int64(PQgetvalue(res, 0, 0), parked) != 0)
@@ -563,10 +500,11 @@ static int release_parked(struct store *s)
 	const char *params[1] = { s->claim_token };
 	int rc;
 
-	if ((rc = build(s, sql, sizeof(sql),
-	                "UPDATE %s SET locked_by = NULL, locked_until = clock_timestamp()"
-	                " WHERE locked_by = $1::text AND published_at IS NULL",
-	                s->table)) != 0)
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "UPDATE %s SET locked_by = NULL, locked_until = clock_timestamp()"
+	             " WHERE locked_by = $1::text AND published_at IS NULL",
+	             s->table)) != 0)
 		return rc;
 	return store_exec(s, sql, 1, params, PGRES_COMMAND_OK, NULL,
 	                  "could not release the keys' rows");
@@ -583,19 +521,20 @@ static int make_pending(struct store *s, const char *asked_at, int64_t *replayed
 	int64_t done = 0, ready = 0;
 	int rc;
 
-	if ((rc = build(s, sql, sizeof(sql),
-	                "WITH sel AS MATERIALIZED (SELECT seq FROM " SEL " WHERE reason IS NULL),"
-	                " u AS (UPDATE %s o SET published_at = NULL, attempts = 0,"
-	                " last_error = NULL, available_at = now(), locked_by = NULL,"
-	                " locked_until = NULL,"
-	                " headers = (o.headers::jsonb || jsonb_build_object($1::text, $2::text))"
-	                "::text FROM sel WHERE o.seq = sel.seq AND o.published_at IS NOT NULL"
-	                " RETURNING 1),"
-	                " d AS (DELETE FROM " SEL " x USING sel WHERE x.seq = sel.seq)"
-	                " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM sel)",
-	                s->table)) != 0)
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "WITH sel AS MATERIALIZED (SELECT seq FROM " SEL " WHERE reason IS NULL),"
+	             " u AS (UPDATE %s o SET published_at = NULL, attempts = 0,"
+	             " last_error = NULL, available_at = now(), locked_by = NULL,"
+	             " locked_until = NULL,"
+	             " headers = (o.headers::jsonb || jsonb_build_object($1::text, $2::text))"
+	             "::text FROM sel WHERE o.seq = sel.seq AND o.published_at IS NOT NULL"
+	             " RETURNING 1),"
+	             " d AS (DELETE FROM " SEL " x USING sel WHERE x.seq = sel.seq)"
+	             " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM sel)",
+	             s->table)) != 0)
 		return rc;
-	rc = exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not replay", state);
+	rc = store_exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not replay", state);
 	if (rc != 0)
 		return rc;
 	if (store_parse_int64(PQgetvalue(res, 0, 0), &done) != 0 ||

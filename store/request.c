@@ -273,12 +273,29 @@ static bool sent(struct store *s, int ok, enum store_inflight kind)
 	return true;
 }
 
-int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
-               ExecStatusType want, PGresult **out, const char *what)
+int store_format_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	int w;
+
+	va_start(ap, fmt);
+	w = vsnprintf(sql, cap, fmt, ap);
+	va_end(ap);
+	if (w < 0 || (size_t)w >= cap) {
+		store_set_error(s, "statement text too long");
+		return STORE_ERR_FATAL;
+	}
+	return 0;
+}
+
+int store_exec_state(struct store *s, const char *sql, int nparams, const char *const *params,
+                     ExecStatusType want, PGresult **out, const char *what, char *state)
 {
 	PGresult *res = NULL;
 	int rc;
 
+	if (state)
+		state[0] = '\0';
 	rc = store_require_conn(s);
 	if (rc != 0)
 		return rc;
@@ -291,7 +308,16 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 	         STORE_INFLIGHT_SYNC))
 		res = store_collect(s);
 	if (PQresultStatus(res) != want) {
+		const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+		if (state && st)
+			snprintf(state, 6, "%s", st);
 		rc = store_result_error(s, res, what);
+		/* A data exception is the caller's input (a time that is not one): the server's
+		 * one line says it, without the statement's context. */
+		if (state && strncmp(state, "22", 2) == 0 &&
+		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY))
+			store_set_line(s, NULL, PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY));
 		PQclear(res);
 		return rc;
 	}
@@ -300,6 +326,12 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 	else
 		PQclear(res);
 	return 0;
+}
+
+int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
+               ExecStatusType want, PGresult **out, const char *what)
+{
+	return store_exec_state(s, sql, nparams, params, want, out, what, NULL);
 }
 
 int store_send_prepared(struct store *s, const char *name, int n, const char *const *params,

@@ -153,6 +153,22 @@ int store_require_conn(struct store *s) __attribute__((warn_unused_result));
 int store_exec(struct store *s, const char *sql, int nparams, const char *const *params,
                ExecStatusType want, PGresult **out, const char *what)
         __attribute__((warn_unused_result));
+/* store_exec() that also gives the failed statement's SQLSTATE in state[6] ("" when none;
+ * state may be NULL): for callers that tell the operator's bad input or a deadlock from a
+ * failure of the database. With state, a data exception (class 22) is said by the server's
+ * one line alone. */
+int store_exec_state(struct store *s, const char *sql, int nparams, const char *const *params,
+                     ExecStatusType want, PGresult **out, const char *what, char *state)
+        __attribute__((warn_unused_result));
+/* Formats a statement into sql[cap]: 0, or STORE_ERR_FATAL (error set) when it does not fit.
+ * Only the validated table name and numbers ever go into the text; values are parameters. */
+int store_format_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5), warn_unused_result));
+/* Resolves the identity sequence behind seq and this database's OID into s->seq_oid and
+ * s->db_oid (the watermark reads the sequence and the locks on it). STORE_ERR_FATAL when
+ * the table has no such sequence (migrate has not run). */
+int store_resolve_sequence(struct store *s) __attribute__((warn_unused_result));
+
 /* Sends a prepared statement without waiting for its answer (the caller reads it with
  * store_collect()); kind says which _recv will read it. */
 int store_send_prepared(struct store *s, const char *name, int n, const char *const *params,
