@@ -90,6 +90,10 @@ bool config_key_sensitive(size_t i);
 const char *config_key_env(size_t i);
 /* Index of a key by name, or -1. */
 int config_key_index(const char *name);
+/* Key i's built-in default as a JSON value for the config file, into buf (NUL-terminated): a
+ * number or true/false for integer and boolean keys, a quoted string for the others. -1 when i
+ * is out of range, the default is computed at start (relay.id) or buf is too small. */
+int config_key_default_json(size_t i, char *buf, size_t n) __attribute__((warn_unused_result));
 
 /* Writes key i's effective value as text into buf (always NUL-terminated, truncated to n),
  * durations as written by config_format_duration, secrets redacted ("***" for passwords in

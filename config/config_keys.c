@@ -340,3 +340,37 @@ bool config_key_is_section(const char *path)
 	}
 	return false;
 }
+
+int config_key_default_json(size_t i, char *buf, size_t n)
+{
+	const char *def;
+	size_t need;
+	bool quote;
+
+	if (i >= config_key_count() || !keys[i].def)
+		return -1;
+	def = keys[i].def;
+	/* The loader takes every type from a JSON string too; numbers and booleans are written
+	 * bare because that is how an operator writes them. */
+	quote = keys[i].type != CONFIG_INT && keys[i].type != CONFIG_BOOL;
+	need = quote ? 3 : 1; /* the quotes and the NUL */
+	for (const char *p = def; *p; p++) {
+		if ((unsigned char)*p < 0x20)
+			return -1;
+		need += quote && (*p == '"' || *p == '\\') ? 2 : 1;
+	}
+	if (need > n)
+		return -1;
+	need = 0;
+	if (quote)
+		buf[need++] = '"';
+	for (const char *p = def; *p; p++) {
+		if (quote && (*p == '"' || *p == '\\'))
+			buf[need++] = '\\';
+		buf[need++] = *p;
+	}
+	if (quote)
+		buf[need++] = '"';
+	buf[need] = '\0';
+	return 0;
+}

@@ -1,5 +1,6 @@
 /* outbox-relay's entry point: parse the command line, build the configuration snapshot, and
  * hand over to the command. Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static const char usage[] =
         "                           characters, '?' one), --ordering-key K, --id ID...;\n"
         "                           over 10000 rows needs --yes\n"
         "  config check|show        validate, or print the effective configuration\n"
+        "  config example           print every key at its default as a commented config file\n"
         "  healthcheck              exit 0 when /readyz answers 200 (Docker HEALTHCHECK)\n"
         "  version                  print the version\n"
         "  help                     this text\n"
@@ -45,6 +47,121 @@ static const char usage[] =
         "every key with its value and where it came from.\n";
 
 typedef int (*command_fn)(const struct config *, int, char **);
+
+#define EXAMPLE_WIDTH 96
+
+/* One "// ..." comment, word-wrapped to EXAMPLE_WIDTH columns at the given indent. */
+static void example_comment(int indent, const char *text)
+{
+	int room = EXAMPLE_WIDTH - indent - 3;
+
+	while (*text) {
+		int len = (int)strlen(text), cut = len;
+
+		if (len > room) {
+			cut = room;
+			while (cut > 0 && text[cut] != ' ')
+				cut--;
+			if (cut == 0)
+				cut = room;
+		}
+		printf("%*s// %.*s\n", indent, "", cut, text);
+		text += cut;
+		while (*text == ' ')
+			text++;
+	}
+}
+
+/* Whether a key after i that has a default to write lies under prefix ("amqp.", "" = any):
+ * then what ends before it is followed by a comma. */
+static bool example_more(size_t i, const char *prefix)
+{
+	char v[512];
+
+	for (size_t j = i + 1; j < config_key_count(); j++)
+		if (strncmp(config_key_name(j), prefix, strlen(prefix)) == 0 &&
+		    config_key_default_json(j, v, sizeof(v)) == 0)
+			return true;
+	return false;
+}
+
+/* Indent of what lies inside the open sections ("amqp.tls." is two deep). */
+static int example_indent(const char *open)
+{
+	int depth = 1;
+
+	for (const char *p = open; *p; p++)
+		depth += *p == '.';
+	return 2 * depth;
+}
+
+/* Closes the innermost open section; i is the last key written. */
+static void example_close(char *open, size_t i)
+{
+	char *dot;
+
+	open[strlen(open) - 1] = '\0';
+	dot = strrchr(open, '.');
+	*(dot ? dot + 1 : open) = '\0';
+	printf("%*s}%s\n", example_indent(open), "", example_more(i, open) ? "," : "");
+}
+
+/* `config example`: every key of the table at its default, nested by section, each with its
+ * help and variable, as the JSON-with-comments file that --config reads. It comes from the
+ * key table alone (no file, environment or flag), so the packaged relay.json cannot drift. */
+static int config_example(void)
+{
+	char open[128] = "", v[512], text[768];
+	size_t n = config_key_count();
+
+	fputs("// outbox-relay configuration: JSON, with // and /* */ comments. Every key below "
+	      "is\n"
+	      "// at its built-in default (`outbox-relay config example` prints this file).\n"
+	      "// Precedence: built-in defaults < this file < OUTBOX_* environment variables < "
+	      "--set\n"
+	      "// flags. Durations: 500ms, 30s, 5m, 2h, 7d or plain seconds. Keep passwords out "
+	      "of\n"
+	      "// this file: give them as OUTBOX_<KEY>_FILE, a file holding the value.\n"
+	      "{\n",
+	      stdout);
+	for (size_t i = 0; i < n; i++) {
+		const char *name = config_key_name(i), *env = config_key_env(i);
+		const char *leaf = strrchr(name, '.');
+		size_t sec = leaf ? (size_t)(leaf - name) + 1 : 0;
+
+		/* Close the sections this key is not in, then open the ones it is in. */
+		while (strlen(open) > sec || strncmp(open, name, strlen(open)) != 0)
+			example_close(open, i - 1);
+		while (strlen(open) < sec) {
+			const char *start = name + strlen(open);
+			int len = (int)(strchr(start, '.') - start);
+
+			printf("%*s\"%.*s\": {\n", example_indent(open), "", len, start);
+			snprintf(open + strlen(open), sizeof(open) - strlen(open), "%.*s.", len,
+			         start);
+		}
+		if (config_key_sensitive(i))
+			snprintf(text, sizeof(text),
+			         "%s. Environment: %s, or %s_FILE naming a file "
+			         "that holds it.",
+			         config_key_help(i), env, env);
+		else
+			snprintf(text, sizeof(text), "%s. Environment: %s.", config_key_help(i),
+			         env);
+		example_comment(example_indent(open), text);
+		leaf = leaf ? leaf + 1 : name;
+		if (config_key_default_json(i, v, sizeof(v)) == 0)
+			printf("%*s\"%s\": %s%s\n", example_indent(open), "", leaf, v,
+			       example_more(i, open) ? "," : "");
+		else
+			printf("%*s// \"%s\": not set here, computed at start\n",
+			       example_indent(open), "", leaf);
+	}
+	while (open[0])
+		example_close(open, n - 1);
+	fputs("}\n", stdout);
+	return fflush(stdout) == 0 ? 0 : 1;
+}
 
 static const struct {
 	const char *name;
@@ -124,6 +241,10 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "version") == 0) {
 		printf("outbox-relay %s\n", OUTBOX_VERSION);
 		rc = 0;
+		goto out;
+	}
+	if (strcmp(cmd, "config") == 0 && nrest == 1 && strcmp(rest[0], "example") == 0) {
+		rc = config_example();
 		goto out;
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
