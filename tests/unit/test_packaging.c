@@ -1,0 +1,267 @@
+/* The files the Debian package installs, against the code: packaging/relay.json is what
+ * `outbox-relay config example` prints (the key table at its defaults), the relay accepts it
+ * and reads every key's default from it; packaging/outbox-relay.default only names real
+ * variables, each example accepted by the relay; the unit's stop timeout covers the default
+ * shutdown timeout. Runs the relay binary, needs no server. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "tests/support/process.h"
+
+#define MAX_FILE (1024 * 1024)
+
+/* Reads path into a new NUL-terminated string (free()); fails the test when it cannot. */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	size_t len;
+
+	cr_assert_not_null(f, "cannot open %s", path);
+	buf = malloc(MAX_FILE + 1);
+	cr_assert_not_null(buf);
+	len = fread(buf, 1, MAX_FILE, f);
+	fclose(f);
+	buf[len] = '\0';
+	return buf;
+}
+
+/* packaging/<name> in the source tree (found from RELAY_TEST_DATA, tests/data). */
+static void packaging_path(char *buf, size_t n, const char *name)
+{
+	const char *data = getenv("RELAY_TEST_DATA");
+
+	cr_assert_not_null(data, "RELAY_TEST_DATA is not set (ctest sets it)");
+	snprintf(buf, n, "%s/../../packaging/%s", data, name);
+}
+
+struct run {
+	int status;
+	char *out, *err; /* owned */
+};
+
+/* Runs the relay binary with args (NULL-terminated) in an environment of PATH, the sanitizer
+ * options and env (NULL-terminated "NAME=value", may be NULL), and nothing else: an OUTBOX_*
+ * variable of the caller's shell must not change what is tested. */
+static struct run relay(const char *const *env, const char *const *args)
+{
+	const char *bin = getenv("RELAY_TEST_BIN");
+	const char *keep[] = { "PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", NULL };
+	struct process_env e = { 0 };
+	char *argv[16], out_path[] = "/tmp/outbox-pkg-out.XXXXXX",
+	                err_path[] = "/tmp/outbox-pkg-err.XXXXXX";
+	int out, err, n = 0;
+	pid_t pid;
+	struct run r;
+
+	cr_assert_not_null(bin, "RELAY_TEST_BIN is not set (ctest sets it)");
+	for (int i = 0; keep[i]; i++)
+		if (getenv(keep[i]))
+			cr_assert_eq(process_env_setf(&e, keep[i], getenv(keep[i])), 0);
+	for (int i = 0; env && env[i]; i++)
+		cr_assert_eq(process_env_set(&e, env[i]), 0);
+	argv[n++] = (char *)bin;
+	for (int i = 0; args[i] && n < 15; i++)
+		argv[n++] = (char *)args[i];
+	argv[n] = NULL;
+	out = mkstemp(out_path);
+	err = mkstemp(err_path);
+	cr_assert(out >= 0 && err >= 0, "mkstemp");
+	pid = process_spawn(argv, e.v, out, err);
+	cr_assert_gt(pid, 0, "could not start %s", bin);
+	r.status = process_wait(pid, 60000, NULL);
+	if (r.status == -1)
+		process_kill(pid);
+	close(out);
+	close(err);
+	r.out = slurp(out_path);
+	r.err = slurp(err_path);
+	unlink(out_path);
+	unlink(err_path);
+	process_env_free(&e);
+	return r;
+}
+
+static void run_free(struct run *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+Test(packaging, relay_json_is_what_config_example_prints)
+{
+	char path[4096];
+	char *shipped;
+	struct run r;
+
+	packaging_path(path, sizeof(path), "relay.json");
+	shipped = slurp(path);
+	r = relay(NULL, (const char *const[]){ "config", "example", NULL });
+	cr_assert_eq(r.status, 0, "config example exited %d: %s", r.status, r.err);
+	cr_expect_str_eq(shipped, r.out,
+	                 "packaging/relay.json differs from `outbox-relay config example`: "
+	                 "regenerate it with `outbox-relay config example > packaging/relay.json`");
+	run_free(&r);
+	free(shipped);
+}
+
+Test(packaging, config_example_ignores_the_environment_and_the_file)
+{
+	struct run plain = relay(NULL, (const char *const[]){ "config", "example", NULL });
+	/* Neither a valid nor a broken setting changes the defaults it prints, nor stops it. */
+	struct run env = relay(
+	        (const char *const[]){ "OUTBOX_RELAY_BATCH_SIZE=7", "OUTBOX_NO_SUCH_KEY=1", NULL },
+	        (const char *const[]){ "--config", "/nonexistent/relay.json", "config", "example",
+	                               NULL });
+
+	cr_assert_eq(plain.status, 0);
+	cr_assert_eq(env.status, 0, "config example exited %d: %s", env.status, env.err);
+	cr_expect_str_eq(plain.out, env.out);
+	run_free(&plain);
+	run_free(&env);
+}
+
+Test(packaging, relay_json_passes_config_check)
+{
+	char path[4096];
+	struct run r;
+
+	packaging_path(path, sizeof(path), "relay.json");
+	r = relay(NULL, (const char *const[]){ "--config", path, "config", "check", NULL });
+	cr_expect_eq(r.status, 0, "config check of %s exited %d: %s", path, r.status, r.err);
+	cr_expect(strstr(r.out, "configuration ok") != NULL, "config check said: %s", r.out);
+	run_free(&r);
+}
+
+/* The value column of key i's line in `config show` ("%-28s %-40s %s"). */
+static void show_value(const char *show, size_t i, char *buf, size_t n)
+{
+	const char *name = config_key_name(i), *line = show;
+	size_t len;
+
+	while (line && !(strncmp(line, name, strlen(name)) == 0 && line[strlen(name)] == ' '))
+		line = (line = strchr(line, '\n')) ? line + 1 : NULL;
+	cr_assert_not_null(line, "config show has no line for %s", name);
+	line += 29;
+	len = strcspn(line, "\n");
+	/* The source column follows the 40-column value. */
+	if (len > 40 && line[40] == ' ')
+		len = 40;
+	while (len > 0 && line[len - 1] == ' ')
+		len--;
+	snprintf(buf, n, "%.*s", (int)len, line);
+}
+
+Test(packaging, relay_json_sets_every_key_to_its_default)
+{
+	char path[4096], src[600];
+	struct run with, without;
+
+	packaging_path(path, sizeof(path), "relay.json");
+	with = relay(NULL, (const char *const[]){ "--config", path, "config", "show", NULL });
+	without = relay(NULL, (const char *const[]){ "config", "show", NULL });
+	cr_assert_eq(with.status, 0, "%s", with.err);
+	cr_assert_eq(without.status, 0, "%s", without.err);
+	for (size_t i = 0; i < config_key_count(); i++) {
+		char a[512], b[512], json[512];
+		bool computed = config_key_default_json(i, json, sizeof(json)) != 0;
+
+		show_value(with.out, i, a, sizeof(a));
+		show_value(without.out, i, b, sizeof(b));
+		/* relay.id is hostname:pid, another pid in each run; it is not in the file. */
+		if (!computed)
+			cr_expect_str_eq(a, b, "%s: %s from relay.json, %s by default",
+			                 config_key_name(i), a, b);
+		snprintf(src, sizeof(src), "%-40s %s", a, computed ? "default" : "file ");
+		cr_expect(strstr(with.out, src) != NULL || computed,
+		          "%s does not come from relay.json: %s", config_key_name(i), with.out);
+	}
+	run_free(&with);
+	run_free(&without);
+}
+
+/* The variable name of an assignment line "#NAME=value" or "NAME=value"; false otherwise. */
+static bool assignment(const char *line, char *name, size_t n, bool *commented)
+{
+	size_t len;
+
+	*commented = line[0] == '#';
+	line += *commented;
+	len = strspn(line, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+	if (len == 0 || line[len] != '=' || len >= n)
+		return false;
+	snprintf(name, n, "%.*s", (int)len, line);
+	return true;
+}
+
+Test(packaging, environment_file_names_only_keys_and_each_example_is_accepted)
+{
+	char path[4096];
+	char *text, *save = NULL;
+	int examples = 0;
+
+	packaging_path(path, sizeof(path), "outbox-relay.default");
+	text = slurp(path);
+	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char name[128], base[128], kv[1024];
+		bool commented, known = false;
+		struct run r;
+
+		if (!assignment(line, name, sizeof(name), &commented))
+			continue;
+		/* Nothing is set by the package: an unconfigured relay reads its defaults. */
+		cr_expect(commented, "an active assignment in the shipped file: %s", line);
+		snprintf(base, sizeof(base), "%s", name);
+		if (strlen(base) > 5 && strcmp(base + strlen(base) - 5, "_FILE") == 0)
+			base[strlen(base) - 5] = '\0';
+		for (size_t i = 0; i < config_key_count(); i++)
+			known = known || strcmp(config_key_env(i), name) == 0 ||
+			        (config_key_sensitive(i) && strcmp(config_key_env(i), base) == 0);
+		cr_expect(known, "%s names no configuration key (or a _FILE form of a secret)",
+		          name);
+		if (!known || strcmp(name, base) != 0)
+			continue; /* a _FILE example names a file that is not here */
+		snprintf(kv, sizeof(kv), "%s", line + 1);
+		r = relay((const char *const[]){ kv, NULL },
+		          (const char *const[]){ "config", "check", NULL });
+		cr_expect_eq(r.status, 0, "the example %s is refused: %s", kv, r.err);
+		run_free(&r);
+		examples++;
+	}
+	cr_expect_geq(examples, 3, "the environment file shows only %d examples", examples);
+	free(text);
+}
+
+Test(packaging, unit_stops_later_than_the_relay_and_runs_the_packaged_config)
+{
+	char path[4096], json[64];
+	char *unit, *p;
+	int64_t stop_ms = 0, shutdown_ms = 0;
+	int idx = config_key_index("relay.shutdown_timeout");
+
+	packaging_path(path, sizeof(path), "outbox-relay.service");
+	unit = slurp(path);
+	cr_assert(strstr(unit, "\nExecStart=/usr/bin/outbox-relay --config "
+	                       "/etc/outbox-relay/relay.json run\n") != NULL);
+	cr_assert(strstr(unit, "\nEnvironmentFile=-/etc/default/outbox-relay\n") != NULL);
+	cr_assert(strstr(unit, "\nType=notify\n") != NULL);
+	p = strstr(unit, "\nTimeoutStopSec=");
+	cr_assert_not_null(p);
+	p += strlen("\nTimeoutStopSec=");
+	p[strcspn(p, "\n")] = '\0';
+	cr_assert_eq(config_parse_duration(p, &stop_ms), 0, "TimeoutStopSec=%s", p);
+	cr_assert_geq(idx, 0);
+	cr_assert_eq(config_key_default_json((size_t)idx, json, sizeof(json)), 0);
+	json[strlen(json) - 1] = '\0';
+	cr_assert_eq(config_parse_duration(json + 1, &shutdown_ms), 0);
+	/* The relay exits within shutdown_timeout + 1 s, then hands back its leases. */
+	cr_expect_gt(stop_ms, shutdown_ms + 5000, "TimeoutStopSec=%s is too close to %s", p,
+	             json + 1);
+	free(unit);
+}
