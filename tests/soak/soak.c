@@ -822,7 +822,7 @@ static void restore_servers(void)
 
 	if (ctl && start) {
 		snprintf(cmd, sizeof(cmd),
-		         "'%s' status >/dev/null 2>&1 || '%s' >/dev/null 2>&1;"
+		         "'%s' -q ping >/dev/null 2>&1 || '%s' >/dev/null 2>&1;"
 		         " '%s' start_app >/dev/null 2>&1;"
 		         " '%s' set_vm_memory_high_watermark 0.4 >/dev/null 2>&1",
 		         ctl, start, ctl, ctl);
