@@ -799,6 +799,27 @@ out:
 	x->n = 0;
 }
 
+/* A claim that looks at every claimable row before the loop may conclude there is none: from
+ * the first unkeyed row, and through every ordering key (a claim looks at a few hundred keys;
+ * the claims that follow go on through the rest, until one claims something or the keys run
+ * out). Then the next claims start from the floor again. */
+static int claim_everywhere(struct worker *w, bool disarm, struct store_batch *x)
+{
+	int rc;
+
+	store_keys_restart(w->store);
+	store_set_claim_floor(w->store, 0);
+	rc = store_claim(w->store, disarm, x);
+	store_set_claim_floor(w->store, STORE_FLOOR_KEYS_ONLY);
+	while (rc == 0 && x->n == 0 && store_keys_more(w->store) &&
+	       !atomic_load(&w->relay->stopping)) {
+		set_tick(w);
+		rc = store_claim(w->store, false, x);
+	}
+	store_set_claim_floor(w->store, 0);
+	return rc;
+}
+
 static void worker_loop(struct worker *w)
 {
 	const struct config *cfg = w->cfg;
@@ -844,10 +865,9 @@ static void worker_loop(struct worker *w)
 		if (w->n_owed && pay_owed(w) < 0)
 			continue;
 
-		store_set_claim_floor(w->store, 0);
 		w->last_first_seq = 0;
 		w->full_claim_ms = clock_mono_ms();
-		rc = store_claim(w->store, disarm || w->armed, x);
+		rc = claim_everywhere(w, disarm || w->armed, x);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			continue;
@@ -866,7 +886,7 @@ static void worker_loop(struct worker *w)
 			continue;
 		}
 		w->armed = true;
-		rc = store_claim(w->store, false, x); /* still without a floor */
+		rc = claim_everywhere(w, false, x);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			continue;

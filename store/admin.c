@@ -30,17 +30,26 @@ static int parse_double(const char *v, double *out)
 
 /* The head rows (oldest unpublished) of every ordering key, and which of them block their
  * key: dead, or failed and waiting in backoff. Under skip-dead a dead row is set aside, so
- * the head is the oldest row that is not dead. $1 = max_attempts. */
+ * the head is the oldest row that is not dead. The keys are found as the claim finds them
+ * (store/statements.c): one descent of the key index per key, so the cost is O(keys), not
+ * O(rows queued behind the heads). Follows "WITH RECURSIVE". $1 = max_attempts. */
 static int blocked_cte(struct store *s, char *out, size_t cap)
 {
-	return store_format_sql(s, out, cap,
-	                        "heads AS (SELECT DISTINCT ON (ordering_key) id, exchange_name,"
-	                        " routing_key, ordering_key, last_error, attempts, created_at,"
-	                        " available_at, seq FROM %s WHERE published_at IS NULL"
-	                        " AND ordering_key IS NOT NULL%s ORDER BY ordering_key, seq),"
-	                        " blocked AS (SELECT * FROM heads WHERE attempts >= $1::int"
-	                        " OR (attempts > 0 AND available_at > now()))",
-	                        s->table, s->opts.skip_dead ? " AND attempts < $1::int" : "");
+	return store_format_sql(
+	        s, out, cap,
+	        "keys(k) AS ((SELECT ordering_key::text FROM %s WHERE published_at IS NULL"
+	        " AND ordering_key IS NOT NULL ORDER BY ordering_key LIMIT 1)"
+	        " UNION ALL SELECT (SELECT o.ordering_key::text FROM %s o"
+	        " WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL"
+	        " AND o.ordering_key > keys.k ORDER BY o.ordering_key LIMIT 1)"
+	        " FROM keys WHERE keys.k IS NOT NULL),"
+	        " heads AS (SELECT h.* FROM keys CROSS JOIN LATERAL (SELECT id, exchange_name,"
+	        " routing_key, ordering_key, last_error, attempts, created_at, available_at, seq"
+	        " FROM %s o WHERE o.ordering_key = keys.k AND o.published_at IS NULL%s"
+	        " ORDER BY o.seq LIMIT 1) h WHERE keys.k IS NOT NULL),"
+	        " blocked AS (SELECT * FROM heads WHERE attempts >= $1::int"
+	        " OR (attempts > 0 AND available_at > now()))",
+	        s->table, s->table, s->table, s->opts.skip_dead ? " AND o.attempts < $1::int" : "");
 }
 
 /* A published-row count above this many pages is estimated (see store_status()); below it
@@ -49,7 +58,8 @@ static int blocked_cte(struct store *s, char *out, size_t cap)
 
 /* The gauges cost O(unpublished rows), never O(table): with days of retention the table holds
  * millions of published rows, and this runs every few seconds. Pending, leased, dead and the
- * oldest age walk the pending index (unpublished rows only); blocked keys walk the key index;
+ * oldest age walk the unkeyed and key indexes (unpublished rows only); blocked keys read one
+ * head per key;
  * published rows are the table's live-row estimate (the statistics' n_live_tup, or
  * reltuples before any were collected) less the unpublished rows, clamped at 0. The last
  * column is the table's size in pages, by which store_status() decides whether to count the
@@ -63,7 +73,7 @@ static int status_sql(struct store *s, char *sql, size_t cap)
 		return rc;
 	return store_format_sql(
 	        s, sql, cap,
-	        "WITH %s SELECT u.pending, u.leased, u.dead,"
+	        "WITH RECURSIVE %s SELECT u.pending, u.leased, u.dead,"
 	        " GREATEST(0, (SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
 	        " THEN pg_stat_get_live_tuples(c.oid) ELSE GREATEST(c.reltuples, 0)::bigint END"
 	        " FROM pg_class c WHERE c.oid = '%s'::regclass) - u.pending - u.dead),"
@@ -78,7 +88,7 @@ static int status_sql(struct store *s, char *sql, size_t cap)
 	        " count(*) FILTER (WHERE attempts >= $1::int) AS dead,"
 	        " COALESCE(extract(epoch FROM now() - min(created_at)"
 	        " FILTER (WHERE attempts < $1::int)), 0)::float8 AS oldest"
-	        " FROM %s WHERE published_at IS NULL) u",
+	        " FROM %s WHERE " STORE_UNPUBLISHED("") ") u",
 	        cte, s->table, s->table, s->table);
 }
 
@@ -231,14 +241,15 @@ out:
 	return rc;
 }
 
-/* Dead rows through the pending index, oldest first. $1 = max_attempts, $2 = limit (NULL =
+/* Dead rows through the unpublished rows' indexes, oldest first. $1 = max_attempts, $2 = limit (NULL =
  * all). */
 static int dead_sql(struct store *s, char *sql, size_t cap)
 {
-	return store_format_sql(s, sql, cap,
-	                        "SELECT " LIST_COLUMNS " FROM %s WHERE published_at IS NULL"
-	                        " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
-	                        s->table);
+	return store_format_sql(
+	        s, sql, cap,
+	        "SELECT " LIST_COLUMNS " FROM %s WHERE " STORE_UNPUBLISHED(
+	                "") " AND attempts >= $1::int ORDER BY seq LIMIT $2::bigint",
+	        s->table);
 }
 
 /* The key index's head rows that block their key. Parameters as dead_sql(). */
@@ -249,9 +260,10 @@ static int blocked_sql(struct store *s, char *sql, size_t cap)
 
 	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
 		return rc;
-	return store_format_sql(
-	        s, sql, cap,
-	        "WITH %s SELECT " LIST_COLUMNS " FROM blocked ORDER BY seq LIMIT $2::bigint", cte);
+	return store_format_sql(s, sql, cap,
+	                        "WITH RECURSIVE %s SELECT " LIST_COLUMNS
+	                        " FROM blocked ORDER BY seq LIMIT $2::bigint",
+	                        cte);
 }
 
 /* Ownership: *out is filled with a new list (store_list_free()) only on success. */
@@ -285,15 +297,18 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
 	return 0;
 }
 
-/* Unpublished rows by id (the primary key) or every dead row (the pending index). $1 = the
+/* Unpublished rows by id (the primary key) or every dead row (the unpublished rows'
+ * indexes). $1 = the
  * ids, or max_attempts. */
 static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
 {
 	return store_format_sql(
 	        s, sql, cap,
 	        "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
-	        " locked_by = NULL, locked_until = NULL WHERE published_at IS NULL AND %s",
-	        s->table, all_dead ? "attempts >= $1::int" : "id = ANY($1::text[])");
+	        " locked_by = NULL, locked_until = NULL WHERE %s",
+	        s->table,
+	        all_dead ? STORE_UNPUBLISHED("") " AND attempts >= $1::int"
+	                 : "published_at IS NULL AND id = ANY($1::text[])");
 }
 
 /* ids are borrowed. A requeue also notifies the channel once, so a relay asleep until its

@@ -12,6 +12,12 @@
 
 /* A claimed batch may carry large bodies, but never more than this in one go. */
 #define BATCH_BUF_MAX ((size_t)1 << 30)
+/* Ordering keys a claim looks at, at least: a batch's worth, and never fewer than this, so
+ * that a small batch does not take many claims to go round a few dozen keys. */
+#define STORE_CLAIM_KEYS_MIN 64
+/* ... and a claim that only looks through the keys (STORE_FLOOR_KEYS_ONLY), going round keys
+ * whose heads are all delayed, dead or leased: fewer statements for the same descents. */
+#define STORE_CLAIM_KEYS_ONLY 1024
 /* "No byte budget" for the claim's $8. */
 #define NO_BUDGET "9223372036854775807"
 
@@ -67,7 +73,15 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 
 		if (!PQgetisnull(res, i, COL_SEQ))
 			continue;
-		s->wm.waiting = PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
+		/* Over the round: a key looked at by an earlier claim of it may still wait. */
+		s->round_waiting = (s->has_cursor && s->round_waiting) ||
+		                   PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
+		s->wm.waiting = s->round_waiting;
+		s->has_cursor = !PQgetisnull(res, i, COL_KEY_CURSOR) &&
+		                (size_t)PQgetlength(res, i, COL_KEY_CURSOR) < sizeof(s->key_cursor);
+		if (s->has_cursor)
+			memcpy(s->key_cursor, PQgetvalue(res, i, COL_KEY_CURSOR),
+			       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
 			n = -1;
 		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
@@ -202,7 +216,7 @@ static char *base36(uint32_t v, char *buf, size_t n)
  * batch that carried an old value is gone. */
 static void next_token(struct store *s)
 {
-	char nonce[8], count[8];
+	char nonce[7], count[7]; /* both below 36^6: six digits */
 
 	s->token_counter = (s->token_counter + 1) % 2176782336u;
 	snprintf(s->claim_token, sizeof(s->claim_token), "%s%s.%s", s->token_prefix,
@@ -212,8 +226,9 @@ static void next_token(struct store *s)
 
 int store_claim_send(struct store *s, bool disarm)
 {
-	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24];
-	const char *params[8];
+	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24], nkeys[16];
+	const char *params[10];
+	int batch_size = s->opts.batch_size > 0 ? s->opts.batch_size : 1;
 	int rc;
 
 	rc = store_ensure_prepared(s);
@@ -225,7 +240,11 @@ int store_claim_send(struct store *s, bool disarm)
 	}
 	next_token(s);
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	snprintf(batch, sizeof(batch), "%d", s->opts.batch_size > 0 ? s->opts.batch_size : 1);
+	snprintf(batch, sizeof(batch), "%d", batch_size);
+	snprintf(nkeys, sizeof(nkeys), "%d",
+	         s->claim_floor == STORE_FLOOR_KEYS_ONLY ? STORE_CLAIM_KEYS_ONLY
+	         : batch_size > STORE_CLAIM_KEYS_MIN     ? batch_size
+	                                                 : STORE_CLAIM_KEYS_MIN);
 	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
 	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
 	snprintf(safe, sizeof(safe), "%lld", (long long)watermark_safe(&s->wm));
@@ -241,7 +260,10 @@ int store_claim_send(struct store *s, bool disarm)
 	params[5] = floor_seq;
 	params[6] = safe;
 	params[7] = budget;
-	return store_send_prepared(s, ST_CLAIM, 8, params, STORE_INFLIGHT_CLAIM, "could not claim");
+	params[8] = s->has_cursor ? s->key_cursor : NULL;
+	params[9] = nkeys;
+	return store_send_prepared(s, ST_CLAIM, 10, params, STORE_INFLIGHT_CLAIM,
+	                           "could not claim");
 }
 
 void store_set_claim_floor(struct store *s, int64_t from_seq)
@@ -317,6 +339,16 @@ int store_settle_watermark(struct store *s)
 	if (watermark_safe(&s->wm) < target && (rc = sample(s)) != 0)
 		return rc;
 	return watermark_safe(&s->wm) >= target ? 0 : 1;
+}
+
+bool store_keys_more(const struct store *s)
+{
+	return s->has_cursor;
+}
+
+void store_keys_restart(struct store *s)
+{
+	s->has_cursor = false;
 }
 
 bool store_keys_settling(const struct store *s)

@@ -137,16 +137,30 @@ int store_claim(struct store *s, bool disarm, struct store_batch *out)
 int store_claim_send(struct store *s, bool disarm) __attribute__((warn_unused_result));
 int store_claim_recv(struct store *s, struct store_batch *out) __attribute__((warn_unused_result));
 
-/* Makes the following claims consider only rows with seq >= from_seq (0 = all rows).
- * Why: a mark leaves the row's entry in the pending index until vacuum removes it, so on a
+/* Makes the following claims consider only unkeyed rows with seq >= from_seq (0 = all rows;
+ * STORE_FLOOR_KEYS_ONLY = none: claims that only go on through the ordering keys, and look at
+ * more of them each). Keyed rows are found key by key and the floor does not apply to them.
+ * Why: a mark leaves the row's entry in the unkeyed index until vacuum removes it, so on a
  * long backlog a claim that always starts at the beginning walks every row published since
  * the last vacuum, and the drain slows as it goes. A relay that just claimed a full batch
  * knows nothing older was claimable and can start there; it must still claim without a
  * floor now and then, for older rows that became claimable since (released, retried,
- * delayed, unblocked, or committed late by a transaction that took its seq early). */
+ * delayed, or committed late by a transaction that took its seq early). */
 void store_set_claim_floor(struct store *s, int64_t from_seq);
+#define STORE_FLOOR_KEYS_ONLY INT64_MAX
 
-/* True when the last claim saw keyed rows waiting for the ordering watermark (store/
+/* Ordering keys: each claim looks at the heads of a batch's worth of keys (at least 64; 1024
+ * with STORE_FLOOR_KEYS_ONLY), in key order, going on where the previous claim of this handle
+ * stopped, so that a claim costs the same however many rows queue behind each key. A round is
+ * the claims from the first key to the last. store_keys_more() is true while the current round
+ * has keys left: a claim that found nothing says nothing about the keys it did not reach, so
+ * claim again (with STORE_FLOOR_KEYS_ONLY) until something is claimed or it turns false before
+ * concluding that nothing is claimable. store_keys_restart() makes the next claim begin a
+ * round at the first key. */
+bool store_keys_more(const struct store *s);
+void store_keys_restart(struct store *s);
+
+/* True when the last round of claims saw keyed rows waiting for the ordering watermark (store/
  * watermark.h) and it is moving: settling it and claiming again soon finds them. False while
  * a transaction that inserted into the outbox earlier is still open (claiming again then does
  * not help). */

@@ -503,7 +503,7 @@ static int release_parked(struct store *s)
 	if ((rc = store_format_sql(
 	             s, sql, sizeof(sql),
 	             "UPDATE %s SET locked_by = NULL, locked_until = clock_timestamp()"
-	             " WHERE locked_by = $1::text AND published_at IS NULL",
+	             " WHERE locked_by = $1::text AND " STORE_UNPUBLISHED(""),
 	             s->table)) != 0)
 		return rc;
 	return store_exec(s, sql, 1, params, PGRES_COMMAND_OK, NULL,

@@ -133,16 +133,19 @@ static const struct column columns[] = {
 
 /* The relay's indexes: def follows "ON <table> "; catalog is what pg_get_indexdef() shows
  * after " USING ", which migrate compares to decide whether the index is current.
- *  - pending: the claim walks unpublished rows in seq order and stops after `batch`; status,
- *    dead, requeue --all-dead and release walk it too, so they cost O(unpublished).
- *  - key: "is there an older unpublished row of this key" in one probe, and the blocked-key
- *    queries, which read one entry per key head.
+ *  - unkeyed: unpublished rows without an ordering key, in seq order; the claim walks it from
+ *    its floor and stops after `batch`.
+ *  - key: unpublished keyed rows by key, then seq. The claim goes through it key by key (one
+ *    descent per key to find the next key, one to find its head), so it never reads the rows
+ *    queued behind a head; the blocked-key queries read it the same way.
+ *    Each unpublished row is in exactly one of the two, so status, dead, requeue --all-dead and
+ *    release read both (STORE_UNPUBLISHED) and cost O(unpublished).
  *  - published: the purge walks published rows oldest first and stops at the retention
  *    cut-off, instead of walking the seq index through every row kept for the retention
  *    (days of rows, on every purge). Its cost: each mark inserts one more index entry (a mark
- *    is never a HOT update anyway: published_at is in the pending index's predicate), at the
- *    right edge, since published_at grows. Without retention (rows deleted at once) it stays
- *    empty. */
+ *    is never a HOT update anyway: published_at is in the other two indexes' predicates), at
+ *    the right edge, since published_at grows. Without retention (rows deleted at once) it
+ *    stays empty. */
 struct index {
 	const char *suffix;
 	const char *def;
@@ -150,8 +153,8 @@ struct index {
 };
 
 static const struct index indexes[] = {
-	{ "_pending_idx", "(seq)\n  WHERE published_at IS NULL",
-	  "btree (seq) WHERE (published_at IS NULL)" },
+	{ "_unkeyed_idx", "(seq)\n  WHERE published_at IS NULL AND ordering_key IS NULL",
+	  "btree (seq) WHERE ((published_at IS NULL) AND (ordering_key IS NULL))" },
 	{ "_key_idx",
 	  "(ordering_key, seq)\n  WHERE published_at IS NULL AND ordering_key IS NOT NULL",
 	  "btree (ordering_key, seq) WHERE ((published_at IS NULL) AND (ordering_key IS NOT "
@@ -160,6 +163,11 @@ static const struct index indexes[] = {
 	  "btree (published_at) WHERE (published_at IS NOT NULL)" },
 };
 #define N_INDEXES (sizeof(indexes) / sizeof(indexes[0]))
+
+/* Indexes of earlier versions that migrate drops once the current ones are built. The pending
+ * index (seq, every unpublished row) made a keyed backlog cost every claim a walk of it. */
+static const char *const retired_indexes[] = { "_pending_idx" };
+#define N_RETIRED (sizeof(retired_indexes) / sizeof(retired_indexes[0]))
 
 /* The trigger function pins its search_path and names every object with its schema: it runs
  * inside producers' transactions, under whatever search_path they have, and an unqualified
@@ -280,6 +288,9 @@ char *store_schema_sql(const char *table, const char *channel)
 	for (size_t i = 0; i < N_INDEXES; i++)
 		sbuf_add(&b, "CREATE INDEX IF NOT EXISTS %s%s ON %s %s;\n", n, indexes[i].suffix, t,
 		         indexes[i].def);
+	sbuf_add(&b, "-- indexes of earlier versions\n");
+	for (size_t i = 0; i < N_RETIRED; i++)
+		sbuf_add(&b, "DROP INDEX IF EXISTS %s%s%s;\n", p, n, retired_indexes[i]);
 	sbuf_add(&b, "\n");
 
 	sbuf_add(&b, "-- wake-up: producers notify only while a relay waits (armed_until ahead)\n");
@@ -342,6 +353,7 @@ struct found {
 	bool have[N_COLUMNS], has_default[N_COLUMNS];
 	char family[N_COLUMNS][40];
 	enum state index[N_INDEXES];
+	bool retired[N_RETIRED]; /* a retired index is still there */
 	bool wakeup_table, wakeup_row;
 	enum state function, trigger;
 };
@@ -506,6 +518,13 @@ static int inspect(struct store *s, const struct names *nm, struct found *f)
 				        strcmp(a, indexes[i].catalog) == 0 && strcmp(b, "true") == 0
 				                ? CURRENT
 				                : DIFFERENT;
+			}
+			for (size_t i = 0; i < N_RETIRED; i++) {
+				char old[2 * STORE_NAME_MAX];
+
+				snprintf(old, sizeof(old), "%s%s", nm->lbase, retired_indexes[i]);
+				if (strcmp(name, old) == 0)
+					f->retired[i] = true;
 			}
 			break;
 		case 'w':
@@ -783,13 +802,14 @@ static int apply_changes(struct store *s, const struct names *nm, const struct f
  * whatever table it works on. So a session that has held the table for LOCK_TIMEOUT_S
  * already (an application transaction left open) fails it at once, with its name, and the
  * waits are otherwise given INDEX_LOCK_TIMEOUT_S, time for an unrelated long transaction to
- * end. */
+ * end. Indexes an earlier version used and this one does not (retired_indexes) are dropped
+ * CONCURRENTLY the same way, after the builds. */
 #define INDEX_LOCK_TIMEOUT_S "60"
 
 static int build_indexes(struct store *s, const struct names *nm, const struct found *f,
                          bool changed)
 {
-	char sql[1024], what[STORE_NAME_MAX + 32], tq[2 * STORE_NAME_MAX], holders[300];
+	char sql[1024], what[STORE_NAME_MAX + 64], tq[2 * STORE_NAME_MAX], holders[300];
 	const char *after = changed ? "the other changes were applied" : "nothing else was changed";
 	PGresult *res = NULL;
 	int rc = 0;
@@ -797,10 +817,15 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 	if (!f->table)
 		return 0;
 	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
-	for (size_t i = 0; i < N_INDEXES && rc == 0; i++) {
-		if (f->index[i] == CURRENT)
+	/* The builds first, then the drops: the claim has its new index before it loses the
+	 * old one. */
+	for (size_t i = 0; i < N_INDEXES + N_RETIRED && rc == 0; i++) {
+		bool drop = i >= N_INDEXES;
+
+		if (drop ? !f->retired[i - N_INDEXES] : f->index[i] == CURRENT)
 			continue;
-		snprintf(what, sizeof(what), "create index %s%s", nm->base, indexes[i].suffix);
+		snprintf(what, sizeof(what), "%s index %s%s", drop ? "drop the retired" : "create",
+		         nm->base, drop ? retired_indexes[i - N_INDEXES] : indexes[i].suffix);
 		if (describe_holders(s, nm, f, LOCK_TIMEOUT_S, holders, sizeof(holders))) {
 			store_set_error(
 			        s,
@@ -812,13 +837,18 @@ static int build_indexes(struct store *s, const struct names *nm, const struct f
 		}
 		PQclear(res);
 		res = run(s, "SET lock_timeout = '" INDEX_LOCK_TIMEOUT_S "s'");
-		if (run_ok(res) && f->index[i] == DIFFERENT) {
+		if (run_ok(res) && drop) {
+			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
+			         f->qschema, nm->base, retired_indexes[i - N_INDEXES]);
+			PQclear(res);
+			res = run(s, sql);
+		} else if (run_ok(res) && f->index[i] == DIFFERENT) {
 			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
 			         f->qschema, nm->base, indexes[i].suffix);
 			PQclear(res);
 			res = run(s, sql);
 		}
-		if (run_ok(res)) {
+		if (run_ok(res) && !drop) {
 			snprintf(sql, sizeof(sql),
 			         "CREATE INDEX CONCURRENTLY IF NOT EXISTS %s%s ON %s %s", nm->base,
 			         indexes[i].suffix, tq, indexes[i].def);

@@ -56,47 +56,70 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 
 /* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead, the
  * oldest that is not dead), and only up to the settled ordering watermark ($7), below which no
- * transaction still in progress can commit a row. The disarm CTE clears the wake-up flag in
- * the same round trip. The order is the pending index's, so the scan stops after about $3
- * rows; the byte budget ($8) then keeps the first rows whose bodies fit (always the first).
- * $4 is the claim's token, $5 the lease in ms, $6 the claim floor. The last row of the answer
- * (seq NULL) is the watermark's sample plus what is left of the lease by the database clock
- * and whether a keyed row waits above the watermark. */
+ * transaction still in progress can commit a row. Unkeyed and keyed rows are found apart, so
+ * that neither costs more than a batch, however long the backlog:
+ *  - unkeyed rows: the unkeyed index in seq order from the claim floor ($6), up to a batch;
+ *  - keyed rows: one head per key, key by key through the key index (a loose index scan: one
+ *    descent per key, never a walk of a key's later rows), starting after the key the
+ *    previous claim ended on ($9, NULL from the start) and looking at most at $10 keys. Walking
+ *    keyed rows in seq order instead reads every row queued behind a head: with 37,000 rows on
+ *    32 keys, each claim read all of them (2 s a claim).
+ * Both sets are locked (SKIP LOCKED: what another claim holds is stepped around, and the
+ * conditions are checked again on the newest version of each row), merged oldest first, cut to
+ * the batch ($3) and then to the byte budget ($8, always keeping the first row), and leased
+ * under the claim's token ($4) for $5 ms. The disarm CTE clears the wake-up flag in the same
+ * round trip. The last row of the answer (seq NULL) is the watermark's sample, what is left of
+ * the lease by the database clock, whether a key looked at has its head above the watermark,
+ * and the last key looked at when $10 of them were (NULL when the keys ran out: the next claim
+ * starts from the first key again). */
 static int prepare_claim(struct store *s, const char *t, const char *wake)
 {
+	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
+
 	return prepare_one(
-	        s, ST_CLAIM, 8,
-	        "WITH disarm AS (UPDATE %s SET armed_until = NULL"
+	        s, ST_CLAIM, 10,
+	        "WITH RECURSIVE disarm AS (UPDATE %s SET armed_until = NULL"
 	        " WHERE $1::boolean AND armed_until IS NOT NULL),"
-	        " c AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
-	        " WHERE o.published_at IS NULL AND o.seq >= $6::bigint"
-	        " AND o.attempts < $2::int"
-	        " AND o.available_at <= now()"
+	        " keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL"
+	        " AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"
+	        " ORDER BY o.ordering_key LIMIT 1)"
+	        " UNION ALL SELECT (SELECT o.ordering_key::text FROM %s o"
+	        " WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL"
+	        " AND o.ordering_key > keys.k ORDER BY o.ordering_key LIMIT 1)"
+	        " FROM keys WHERE keys.k IS NOT NULL),"
+	        " kk AS (SELECT k FROM keys WHERE k IS NOT NULL AND k IS DISTINCT FROM $9::text"
+	        " LIMIT $10::int),"
+	        " heads AS (SELECT h.seq FROM kk CROSS JOIN LATERAL (SELECT o.seq FROM %s o"
+	        " WHERE o.ordering_key = kk.k AND o.published_at IS NULL%s"
+	        " ORDER BY o.seq LIMIT 1) h),"
+	        " kc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
+	        " WHERE o.seq IN (SELECT seq FROM heads) AND o.seq <= $7::bigint"
+	        " AND o.published_at IS NULL AND o.attempts < $2::int AND o.available_at <= now()"
 	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
-	        " AND (o.ordering_key IS NULL OR (o.seq <= $7::bigint"
-	        " AND NOT EXISTS (SELECT 1 FROM %s p"
-	        " WHERE p.ordering_key = o.ordering_key"
-	        " AND p.published_at IS NULL AND p.seq < o.seq%s)))"
+	        " FOR UPDATE OF o SKIP LOCKED),"
+	        " uc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
+	        " WHERE o.published_at IS NULL AND o.ordering_key IS NULL AND o.seq >= $6::bigint"
+	        " AND o.attempts < $2::int AND o.available_at <= now()"
+	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
 	        " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
+	        " c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a"
+	        " ORDER BY seq LIMIT $3::int),"
 	        " b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) - len AS before"
 	        " FROM c) x WHERE before < $8::bigint),"
 	        " u AS (UPDATE %s o SET locked_by = $4::text,"
 	        " locked_until = now() + $5::bigint * interval '1 millisecond'"
 	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
 	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
-	        " NULL::boolean FROM u"
+	        " NULL::boolean, NULL::text FROM u"
 	        " UNION ALL"
 	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
 	        " NULL, s.w, h.holders, h.n,"
 	        " (extract(epoch FROM now() + $5::bigint * interval '1 millisecond'"
 	        " - clock_timestamp()) * 1000)::bigint,"
-	        /* Only the newest rows lie above the settled watermark, so this walks a few
-	         * entries of the pending index at most. */
-	        " EXISTS (SELECT 1 FROM %s k WHERE k.published_at IS NULL"
-	        " AND k.seq > $7::bigint AND k.ordering_key IS NOT NULL"
-	        " ORDER BY k.seq LIMIT 1)" SAMPLE_FROM,
-	        wake, t, t, s->opts.skip_dead ? " AND p.attempts < $2::int" : "", t, t, s->seq_oid,
-	        s->db_oid, s->seq_oid);
+	        " EXISTS (SELECT 1 FROM heads WHERE seq > $7::bigint),"
+	        " CASE WHEN (SELECT count(*) FROM kk) >= $10::int THEN (SELECT max(k) FROM kk)"
+	        " END" SAMPLE_FROM,
+	        wake, t, t, t, alive, t, t, t, s->seq_oid, s->db_oid, s->seq_oid);
 }
 
 int store_ensure_prepared(struct store *s)
@@ -158,12 +181,21 @@ int store_ensure_prepared(struct store *s)
 	                      " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
 	                      t)) != 0)
 		return rc;
-	/* Every claim of this relay id, by the tokens' common prefix; through the pending
-	 * index, since published rows hold no lease. */
-	if ((rc = prepare_one(s, ST_RELEASE_ALL, 1,
-	                      "UPDATE %s SET locked_by = NULL, locked_until = NULL"
-	                      " WHERE published_at IS NULL AND starts_with(locked_by, $1::text)",
-	                      t)) != 0)
+	/* Every claim of this relay id, by the tokens' common prefix; through the unkeyed and
+	 * the key index, since published rows hold no lease (one arm each: this session turns
+	 * bitmap scans off, so an OR of the two would walk the table). The conditions are
+	 * repeated on o, so that a row claimed by someone else meanwhile is checked again on its
+	 * new version and left alone. */
+	if ((rc = prepare_one(
+	             s, ST_RELEASE_ALL, 1,
+	             "UPDATE %s o SET locked_by = NULL, locked_until = NULL"
+	             " FROM (SELECT seq FROM %s WHERE published_at IS NULL"
+	             " AND ordering_key IS NULL AND starts_with(locked_by, $1::text)"
+	             " UNION ALL SELECT seq FROM %s WHERE published_at IS NULL"
+	             " AND ordering_key IS NOT NULL AND starts_with(locked_by, $1::text)) r"
+	             " WHERE o.seq = r.seq AND o.published_at IS NULL"
+	             " AND starts_with(o.locked_by, $1::text)",
+	             t, t, t)) != 0)
 		return rc;
 	if ((rc = prepare_one(s, ST_RENEW, 3,
 	                      "UPDATE %s SET locked_until = now() + $3::bigint * interval"

@@ -12,9 +12,11 @@
 #include "store/outbox_store.h"
 #include "store/watermark.h"
 
-/* Longest "schema.table" plus the longest suffix we derive ("_pending_idx") and a NUL. */
-#define STORE_NAME_MAX   160
-#define STORE_ERRMSG_MAX 512
+/* Longest "schema.table" plus the longest suffix we derive ("_unkeyed_idx") and a NUL. */
+#define STORE_NAME_MAX 160
+/* An ordering key: VARCHAR(255) is 255 characters, up to 4 bytes each in UTF-8, and a NUL. */
+#define STORE_KEY_CURSOR_MAX (255 * 4 + 1)
+#define STORE_ERRMSG_MAX     512
 
 /* Which _send call is waiting for its _recv. */
 enum store_inflight {
@@ -35,6 +37,14 @@ enum store_inflight {
 #define ST_RELEASE_ALL "outbox_release_all"
 #define ST_RENEW       "outbox_renew"
 #define ST_ARM         "outbox_arm"
+
+/* Every unpublished row, in words that match the table's two partial indexes (schema.c: the
+ * unkeyed index and the key index), so that the planner reads both: "published_at IS NULL"
+ * alone matches neither, and would walk the whole table with its days of published rows. a is
+ * the table's alias with its dot, or "". */
+#define STORE_UNPUBLISHED(a)                                                                 \
+	a "published_at IS NULL AND (" a "ordering_key IS NULL OR " a "ordering_key IS NOT " \
+	  "NULL)"
 
 /* Columns a store_row needs, in the order the claim returns them. */
 #define STORE_ROW_COLUMNS                                                        \
@@ -60,6 +70,7 @@ enum store_claim_col {
 	COL_WM_NHOLDERS,
 	COL_LEASE_LEFT, /* ms, by the database clock, when the statement ended */
 	COL_WM_KEYED,   /* a keyed row above the settled watermark waits */
+	COL_KEY_CURSOR, /* the last ordering key looked at, NULL when the keys ran out */
 	COL_COUNT
 };
 
@@ -89,6 +100,11 @@ struct store {
 	bool no_answer;           /* the server did not answer within the answer timeout */
 	bool aborted;             /* the shutdown deadline ended a wait */
 	int64_t claim_floor;      /* store_set_claim_floor() */
+	/* Where the next claim goes on looking for ordering keys (store/claim.c): the last key
+	 * the previous claim looked at; none (has_cursor false) at the start of a round. */
+	char key_cursor[STORE_KEY_CURSOR_MAX];
+	bool has_cursor;
+	bool round_waiting; /* a claim of this round saw a key whose head waits above safe */
 	struct watermark wm;
 	/* The identity sequence behind seq and this database, by OID, resolved at connect: the
 	 * watermark's samples read the sequence and the locks held on it. */

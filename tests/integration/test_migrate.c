@@ -116,8 +116,12 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	harness_unique_name(t, sizeof(t), "mig_fix");
 	harness_migrate(t);
 	/* What an older version left: an unqualified function without a pinned search_path,
-	 * and no purge index; and someone dropped the pending index and the flag's row. */
-	harness_pg_exec(c, "DROP INDEX %s_pending_idx; DROP INDEX %s_published_idx", t, t);
+	 * no purge index, and the pending index (every unpublished row) instead of the unkeyed
+	 * one; and someone deleted the flag's row. */
+	harness_pg_exec(c,
+	                "DROP INDEX %s_unkeyed_idx; DROP INDEX %s_published_idx;"
+	                " CREATE INDEX %s_pending_idx ON %s (seq) WHERE published_at IS NULL",
+	                t, t, t, t);
 	harness_pg_exec(c, "DELETE FROM %s_wakeup", t);
 	harness_pg_exec(c,
 	                "CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger"
@@ -130,10 +134,14 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	cr_assert_eq(harness_pg_int(c,
 	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
 	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
-	                            " AND i.indisvalid AND ic.relname IN ('%s_pending_idx',"
+	                            " AND i.indisvalid AND ic.relname IN ('%s_unkeyed_idx',"
 	                            " '%s_key_idx', '%s_published_idx')",
 	                            t, t, t, t),
 	             3, "all three indexes, valid");
+	cr_assert_eq(
+	        harness_pg_int(c, "SELECT count(*) FROM pg_class WHERE relname = '%s_pending_idx'",
+	                       t),
+	        0, "the retired index is dropped");
 	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s_wakeup WHERE id = 1", t), 1);
 	src = harness_pg_string(c, "SELECT prosrc FROM pg_proc WHERE proname = '%s_wakeup_notify'",
 	                        t);
@@ -194,7 +202,7 @@ Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 	harness_pg_exec(holder, "COMMIT");
 	PQfinish(holder);
 	harness_migrate(t);
-	harness_pg_exec(c, "DROP INDEX %s_pending_idx", t);
+	harness_pg_exec(c, "DROP INDEX %s_unkeyed_idx", t);
 	holder = hold_insert(t, "mig-holder-2", "held-2");
 	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
 	/* An index build waits for short transactions (it blocks nobody meanwhile); one that has
@@ -203,7 +211,7 @@ Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 	run_migrate(&o, t);
 	cr_assert_eq(o.status, 1, "migrate exited %d:\n%s%s", o.status, o.out, o.err);
 	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder-2'") &&
-	                  strstr(o.err, "_pending_idx"),
+	                  strstr(o.err, "_unkeyed_idx"),
 	          "%s", o.err);
 	harness_output_free(&o);
 	harness_pg_exec(holder, "COMMIT");
@@ -215,7 +223,7 @@ Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 	cr_assert_eq(harness_pg_int(c,
 	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
 	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
-	                            " AND i.indisvalid AND ic.relname = '%s_pending_idx'",
+	                            " AND i.indisvalid AND ic.relname = '%s_unkeyed_idx'",
 	                            t, t),
 	             1);
 	cr_assert_eq(harness_pg_int(c,

@@ -318,6 +318,35 @@ Test(ordering, skip_dead_sets_the_dead_head_aside, .timeout = 300)
 	fixture_teardown(&t);
 }
 
+/* ---- a ready key behind hundreds of keys whose heads wait ---- */
+
+/* A claim looks at a few dozen keys at a time: before the relay goes to sleep it must have
+ * looked at every key, or a ready key late in key order waits for ever behind keys whose heads
+ * are delayed. */
+Test(ordering, a_ready_key_is_found_behind_keys_that_wait, .timeout = 300)
+{
+	const char *const env[] = { "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+		                    "OUTBOX_RELAY_BATCH_SIZE=10", NULL };
+	struct fixture t;
+
+	fixture_setup(&t, "ord_round", NULL);
+	harness_pg_exec(t.pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key,"
+	                " available_at) SELECT 'd' || g, '%s', 'ok.d', '{}',"
+	                " 'k' || lpad(g::text, 4, '0'), now() + interval '1 hour'"
+	                " FROM generate_series(1, 500) g",
+	                t.table, t.exchange);
+	harness_pg_exec(t.pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	                " VALUES ('zz-1', '%s', 'ok.z', '{}', 'zz')",
+	                t.table, t.exchange);
+	fixture_relay_start(&t, env);
+	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
+	cr_assert_eq(consumer_count(t.cons, "zz-1"), 1);
+	cr_assert_eq(unpublished(&t, "true"), 500, "the delayed heads stay");
+	fixture_teardown(&t);
+}
+
 /* ---- an open older transaction holds back keyed rows, never unkeyed ones ---- */
 
 Test(ordering, older_open_transaction_holds_back_keyed_rows_only, .timeout = 300)

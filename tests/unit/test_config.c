@@ -415,7 +415,7 @@ Test(config, channel_and_url_and_listen_checks)
 
 Test(config, table_name_leaves_room_for_derived_names)
 {
-	/* 51 bytes fits ("<t>_pending_idx" stays within PostgreSQL's 63); 52 does not, also
+	/* 51 bytes fits ("<t>_unkeyed_idx" stays within PostgreSQL's 63); 52 does not, also
 	 * after a schema. */
 	const char *ok[] = {
 		"database.table=app.a23456789012345678901234567890123456789012345678901"
