@@ -16,7 +16,7 @@ packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-
 
 missing=()
 for p in "${packages[@]}"; do
-	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != 'install ok installed' ]; then
 		missing+=("$p")
 	fi
 done

@@ -319,7 +319,7 @@ is_ours() {
 	postgres | beam.smp) ;;
 	*) return 1 ;;
 	esac
-	tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$dir/"
+	grep -qF -- "$dir/" <<<"$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)"
 }
 
 # Servers of DIR still alive, whether or not a pid file names them (a start interrupted early).

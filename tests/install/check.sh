@@ -15,6 +15,8 @@
 # the build's compiler, cmake, C flags (sanitizers: a program that links an instrumented
 # library needs them), library directory, version and the shared library's SONAME.
 set -euo pipefail
+# (No `cmd | grep -q`: grep -q leaves at the first match, cmd may die of SIGPIPE, and
+# pipefail then fails the pipeline. Output is captured first.)
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: check.sh BUILD_DIR}
@@ -113,7 +115,7 @@ read -r -a pc_libs <<<"$(pkg-config --libs outbox)"
 
 "$cc" "${cflags[@]}" -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$work/app_pc" \
 	"$here/app.c" "${pc_cflags[@]}" "${pc_libs[@]}" || die "building app.c through pkg-config"
-LD_LIBRARY_PATH=$lib ldd "$work/app_pc" | grep -q "$soname => $lib/$soname" ||
+grep -qF "$soname => $lib/$soname" <<<"$(LD_LIBRARY_PATH=$lib ldd "$work/app_pc")" ||
 	fail "app_pc does not load $lib/$soname: $(LD_LIBRARY_PATH=$lib ldd "$work/app_pc")"
 run_app pc env LD_LIBRARY_PATH="$lib" "$work/app_pc"
 
@@ -126,10 +128,10 @@ for a in "${pc_libs[@]}"; do
 done
 "$cc" "${cflags[@]}" -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$work/app_pc_static" \
 	"$here/app.c" "${pc_cflags[@]}" "${static_libs[@]}" || die "building app.c with liboutbox.a"
-if ldd "$work/app_pc_static" | grep -q liboutbox; then
+if grep -q liboutbox <<<"$(ldd "$work/app_pc_static" 2>&1)"; then
 	fail "app_pc_static loads liboutbox.so"
 fi
-nm "$work/app_pc_static" | grep -q ' T outbox_add$' || fail "app_pc_static does not hold outbox_add"
+grep -q ' T outbox_add$' <<<"$(nm "$work/app_pc_static")" || fail "app_pc_static does not hold outbox_add"
 run_app pc_static "$work/app_pc_static"
 
 # ---- find_package(outbox) ----
@@ -141,9 +143,9 @@ if ! "$cmake" -S "$here/project" -B "$work/project" -DCMAKE_PREFIX_PATH="$prefix
 	cat "$work/project.log" >&2
 	die "the CMake project did not build"
 fi
-ldd "$work/project/app_shared" | grep -q "$soname => $lib/$soname" ||
+grep -qF "$soname => $lib/$soname" <<<"$(ldd "$work/project/app_shared")" ||
 	fail "app_shared does not load $lib/$soname: $(ldd "$work/project/app_shared")"
-if ldd "$work/project/app_static" | grep -q liboutbox; then
+if grep -q liboutbox <<<"$(ldd "$work/project/app_static" 2>&1)"; then
 	fail "app_static loads liboutbox.so"
 fi
 run_app cmake_shared "$work/project/app_shared"
