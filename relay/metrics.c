@@ -170,13 +170,18 @@ void metrics_set_broker_node(int index, const char *node)
 
 void metrics_broker_node(int index, char *buf, size_t n)
 {
+	size_t len;
+
 	if (n == 0)
 		return;
 	buf[0] = '\0';
 	if (index < 0 || index >= METRICS_MAX_WORKERS)
 		return;
 	pthread_mutex_lock(&g_nodes_lock);
-	snprintf(buf, n, "%s", g_nodes[index]);
+	/* Cut to the caller's buffer (a copy, not snprintf: GCC's truncation check at -O2). */
+	len = strnlen(g_nodes[index], n - 1);
+	memcpy(buf, g_nodes[index], len);
+	buf[len] = '\0';
 	pthread_mutex_unlock(&g_nodes_lock);
 }
 

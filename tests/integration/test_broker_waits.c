@@ -237,7 +237,8 @@ Test(broker_waits, interrupt_ends_a_blocked_write)
 	cr_assert(publisher_done(&p), "broker_interrupt() did not end the blocked write");
 	pthread_join(p.thread, NULL);
 	cr_assert_eq(p.rc, BROKER_ERR_ABORTED, "got %d: %s", p.rc, broker_errmsg(w.b));
-	cr_assert_str_eq(broker_errmsg(w.b), "interrupted at the shutdown deadline while publishing");
+	cr_assert_str_eq(broker_errmsg(w.b),
+	                 "interrupted at the shutdown deadline while publishing");
 	cr_assert_not(broker_connected(w.b));
 
 	/* The next connect works normally. */

@@ -72,8 +72,8 @@ Test(producer_json, columns_the_relay_reads_are_taken_as_written, .timeout = 120
 {
 	static const char *const good[] = {
 		"{}",
-		" {\n\t\"a\" : [1, -2.5e3, true, false, null, {\"b\": \"\\u00e9\\ud83d\\ude00\"}] "
-		"}\r\n",
+		(" {\n\t\"a\" : [1, -2.5e3, true, false, null, {\"b\": \"\\u00e9\\ud83d\\ude00\"}] "
+		 "}\r\n"),
 		"{\"nul\":\"a\\u0000b\",\"A\":1,\"a\":2}",
 		"{\"k\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}", /* the object and 16 levels below */
 		"{\"big\":9223372036854775807,\"small\":-9223372036854775808,\"tiny\":1e-400}",

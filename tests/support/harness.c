@@ -155,6 +155,8 @@ PGconn *harness_pg_connect_retry(int64_t timeout_ms)
 	}
 }
 
+static char *vformat(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
+
 static char *vformat(const char *fmt, va_list ap)
 {
 	char *s = malloc(HARNESS_SQL_MAX);

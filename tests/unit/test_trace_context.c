@@ -99,7 +99,7 @@ Test(trace_context, traceparent_later_versions)
 	parent_bad("cc-00000000000000000000000000000000-b7ad6b7169203331-01",
 	           "the trace-id is all zeros");
 
-	snprintf(longer, sizeof(longer), "cc%s-", TP + 2);
+	snprintf(longer, sizeof(longer), "cc%s-", &TP[2]);
 	memset(longer + 56, 'x', 456); /* 512 in all */
 	longer[512] = '\0';
 	parent_ok(longer, "0af7651916cd43dd8448eb211c80319c");
