@@ -91,12 +91,12 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- 1. build ----
-step "Release build in $build"
+step "Release build in $build (the packaging flags, warnings as errors: what -O2 and _FORTIFY_SOURCE see)"
 CFLAGS="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
 LDFLAGS=$(dpkg-buildflags --get LDFLAGS)
 export CFLAGS LDFLAGS
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
-	-DOUTBOX_TESTS=OFF >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; die "cmake"; }
+	-DOUTBOX_TESTS=OFF -DOUTBOX_WERROR=ON >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; die "cmake"; }
 cmake --build "$build" -j2 >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "build"; }
 rm -f "$build"/*.deb
 (cd "$build" && cpack -G DEB) >"$work/cpack.log" 2>&1 || { cat "$work/cpack.log" >&2; die "cpack"; }
