@@ -83,6 +83,53 @@ int db_table_fill(struct bench *b, PGconn *c, const char *what, const char *tabl
 	return db_exec(b, c, what, sql);
 }
 
+int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *table, int *n)
+{
+	char sql[512];
+	PGresult *r;
+	int rc = -1, dropped = 0;
+
+	snprintf(sql, sizeof(sql),
+	         "SELECT format('DROP TRIGGER %%I ON %%s', tgname, tgrelid::regclass) "
+	         "FROM pg_trigger WHERE tgrelid = '%s'::regclass AND NOT tgisinternal",
+	         table);
+	r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		bench_fail(b, what, "listing the triggers of %s: %s", table, PQerrorMessage(c));
+		goto out;
+	}
+	for (int i = 0; i < PQntuples(r); i++) {
+		if (db_exec(b, c, what, PQgetvalue(r, i, 0)) != 0)
+			goto out;
+		dropped++;
+	}
+	if (n)
+		*n = dropped;
+	rc = 0;
+out:
+	PQclear(r);
+	return rc;
+}
+
+int db_prepare_insert(PGconn *p, const char *table, char *err, size_t errlen)
+{
+	char sql[256];
+	PGresult *r;
+	int rc = 0;
+
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES ($1, '', $2, $3) "
+	         "ON CONFLICT (id) DO NOTHING",
+	         table);
+	r = PQprepare(p, "ins", sql, 3, NULL);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+		snprintf(err, errlen, "%s", PQerrorMessage(p));
+		rc = -1;
+	}
+	PQclear(r);
+	return rc;
+}
+
 void db_table_drop(PGconn *c, const char *table)
 {
 	char sql[256];

@@ -30,6 +30,19 @@ int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *tab
  * bench_fail(what). */
 int db_table_fill(struct bench *b, PGconn *c, const char *what, const char *table, long n, int keys)
         __attribute__((warn_unused_result));
+/* Drops every trigger a user made on table (pg_trigger rows that are NOT tgisinternal: the
+ * wake-up whatever it is called, not the triggers behind constraints), so that a measurement
+ * sees the table without its wake-up however the schema names it; how many into *n (n may be
+ * NULL). -1 after
+ * bench_fail(what). */
+int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *table, int *n)
+        __attribute__((warn_unused_result));
+/* Prepares, as "ins" on p, the single-row insert every producer of the benchmark commits
+ * (autocommit: one row per transaction; $1 id, $2 routing key, $3 body, default exchange; an
+ * id already there is skipped). 0, or -1 with the server's message in err; reports nothing,
+ * so any thread may call it. */
+int db_prepare_insert(PGconn *p, const char *table, char *err, size_t errlen)
+        __attribute__((warn_unused_result));
 /* Drops table and its wake-up flag; errors are ignored (the run is over for it). */
 void db_table_drop(PGconn *c, const char *table);
 

@@ -31,21 +31,11 @@ static void *producer_main(void *arg)
 {
 	struct producer *pr = arg;
 	PGconn *c = pgsql_connect(pr->pg, pr->err, sizeof(pr->err));
-	char sql[256], id[48], body[BENCH_BODY_LEN + 1];
+	char id[48], body[BENCH_BODY_LEN + 1];
 	const char *params[3];
 	PGresult *r;
 
-	if (!c)
-		goto out;
-	snprintf(sql, sizeof(sql),
-	         "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES ($1, '', $2, $3) "
-	         "ON CONFLICT (id) DO NOTHING",
-	         pr->table);
-	r = PQprepare(c, "ins", sql, 3, NULL);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
-	PQclear(r);
-	if (pr->err[0])
+	if (!c || db_prepare_insert(c, pr->table, pr->err, sizeof(pr->err)) != 0)
 		goto out;
 	memset(body, 'x', BENCH_BODY_LEN);
 	body[BENCH_BODY_LEN] = '\0';
@@ -112,11 +102,9 @@ static double phase(struct bench *b, const char *table, bool wakeup, long *notif
 	atomic_init(&ready, 0);
 	if (db_table_fresh(b, c, what, table) != 0)
 		goto out;
-	if (!wakeup) {
-		snprintf(sql, sizeof(sql), "DROP TRIGGER %s_wakeup ON %s", table, table);
-		if (db_exec(b, c, what, sql) != 0)
-			goto out;
-	}
+	/* Every trigger a user made, whatever the schema calls the wake-up. */
+	if (!wakeup && db_drop_triggers(b, c, what, table, NULL) != 0)
+		goto out;
 	listener = db_open(b, what);
 	if (!listener)
 		goto out;
