@@ -28,4 +28,5 @@ void measure_backlog(struct bench *b)
 	printf("\nbacklog: first 10 %% %.0f msgs/s, last 10 %% %.0f msgs/s, ratio %.2f "
 	       "(target >= 0.90: %s)\n",
 	       first, last, ratio, ratio >= 0.9 ? "met" : "MISSED");
+	drain_print_cost("backlog", &d, b->opt.n_backlog);
 }

@@ -1,5 +1,6 @@
 /* The relay draining a pre-filled table (drain.h): fill, start the relay, watch the
- * consumer's count and the table until all is delivered and marked, stop. */
+ * consumer's count and the table until all is delivered and marked, stop; the CPU and WAL
+ * of the drain around it. */
 #include "bench/drain.h"
 
 #include <math.h>
@@ -36,7 +37,9 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	struct consumer *k = NULL;
 	struct proc_relay rp = { 0 };
 	struct drain_times t = { 0 };
-	char sql[256];
+	struct cpu_sample ca, cz;
+	struct wal_point fa, fz, wa, wz;
+	char sql[256], slot[64] = "";
 	int64_t t0, deadline, last_print;
 	long long left = -1;
 	int rc = -1;
@@ -44,13 +47,26 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	memset(d, 0, sizeof(*d));
 	if (!c)
 		return -1;
-	if (db_table_fresh(b, c, what, table) != 0 ||
-	    db_table_fill(b, c, what, table, n, keys) != 0 || mq_fresh_queue(b, what, table) != 0)
+	if (db_table_fresh(b, c, what, table) != 0)
+		goto out;
+	wal_mark_stats(c, &fa);
+	wal_mark_lsn(c, &fa);
+	if (db_table_fill(b, c, what, table, n, keys) != 0)
+		goto out;
+	wal_mark_lsn(c, &fz);
+	wal_mark_stats(c, &fz);
+	wal_cost(c, &fa, &fz, n, false, &d->fill_wal);
+	if (mq_fresh_queue(b, what, table) != 0)
 		goto out;
 	t.slice = slices ? n / 10 : 0;
 	if (mq_consume(b, what, table, on_delivery, &t, &k) != 0)
 		goto out;
 	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+	/* The drain's WAL stays on disk until pg_waldump has read it, checkpoints or not. */
+	wal_hold(c, slot, sizeof(slot));
+	wal_mark_stats(c, &wa);
+	wal_mark_lsn(c, &wa);
+	cpu_sample(&ca, 0);
 	t0 = bench_mono_us();
 	last_print = t0;
 	/* Generous: a relay slower than 500 msgs/s fails rather than hangs the run. */
@@ -89,6 +105,8 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 		bench_sleep_ms(10);
 	}
 	d->secs = (double)(bench_mono_us() - t0) / 1e6;
+	cpu_sample(&cz, rp.pid);
+	wal_mark_lsn(c, &wz);
 	d->first_s = (double)(t.first_us - t0) / 1e6;
 	d->rate = (double)n / d->secs;
 	if (slices && t.slice > 0) {
@@ -101,6 +119,14 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 			prev = t.slice_us[i];
 		}
 	}
+	cpu_cost(&ca, &cz, n, &d->cpu);
+	proc_relay_stop(b, &rp, what);
+	d->hwm_kb = rp.hwm_kb;
+	d->maxrss_kb = rp.maxrss_kb;
+	/* A backend reports its WAL counts when it ends, shortly after the relay closed it. */
+	bench_sleep_ms(200);
+	wal_mark_stats(c, &wz);
+	wal_cost(c, &wa, &wz, n, true, &d->wal);
 	rc = 0;
 out:
 	if (rp.pid > 0) {
@@ -108,8 +134,19 @@ out:
 		d->hwm_kb = rp.hwm_kb;
 		d->maxrss_kb = rp.maxrss_kb;
 	}
+	wal_release(c, slot);
 	consumer_stop(k);
 	db_table_drop(c, table);
 	PQfinish(c);
 	return rc;
+}
+
+void drain_print_cost(const char *what, const struct drain *d, long n)
+{
+	char note[96];
+
+	cpu_print(what, &d->cpu, true);
+	wal_print(what, "message", NULL, &d->wal);
+	snprintf(note, sizeof(note), "one INSERT ... SELECT of %ld rows, then VACUUM ANALYZE", n);
+	wal_print(what, "pre-filled row", note, &d->fill_wal);
 }

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 
 #include "bench/bench.h"
+#include "bench/cpu.h"
+#include "bench/wal.h"
 
 struct drain {
 	double secs, rate;
@@ -14,6 +16,12 @@ struct drain {
 	long maxrss_kb; /* and its ru_maxrss */
 	/* msgs/s of each 10 % of the rows by the consumer's clock (with slices only) */
 	double slice_rate[10];
+	/* Per message, from just before the relay starts until the drain ends: the CPU of each
+	 * party, and the WAL (its pg_stat_wal part until the relay has stopped, when its
+	 * backends have reported). */
+	struct cpu_cost cpu;
+	struct wal_cost wal;
+	struct wal_cost fill_wal; /* per row, of the pre-fill (no breakdown) */
 };
 
 /* Fills `table` with n rows (over `keys` ordering keys, 0 = none), starts a relay on it and
@@ -22,5 +30,8 @@ struct drain {
  * way; d->hwm_kb and d->maxrss_kb are set whenever the relay ran. */
 int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
               struct drain *d) __attribute__((warn_unused_result));
+/* Prints what a successful drain_run() of n rows cost: "<what>: cpu per message: ...", the
+ * WAL per message with its breakdown by record type, and the pre-fill's WAL per row. */
+void drain_print_cost(const char *what, const struct drain *d, long n);
 
 #endif

@@ -30,4 +30,5 @@ void measure_keys(struct bench *b)
 	printf("keys: %ld rows over %d ordering keys: %.2f s, %.0f msgs/s; without keys %.0f "
 	       "msgs/s; ratio %.2f\n",
 	       b->opt.n_tput, KEYS, d.secs, d.rate, nokeys, ratio);
+	drain_print_cost("keys", &d, b->opt.n_tput);
 }

@@ -31,7 +31,16 @@
  * others noted (memory: the relay, backlog and keys runs note their relay's peak RSS). */
 static const struct bench_measurement measurements[] = {
 	{ "limit", measure_limit, NULL, { { "limit", 0 } } },
-	{ "relay", measure_relay, NULL, { { "relay", 0 }, { "ratio", 2 } } },
+	{ "relay",
+	  measure_relay,
+	  NULL,
+	  { { "relay", 0 },
+	    { "ratio", 2 },
+	    { "pg_us", 1 },
+	    { "mq_us", 1 },
+	    { "relay_us", 1 },
+	    { "wal_bytes", 0 },
+	    { "wal_insert_bytes", 0 } } },
 	{ "idle", measure_idle, NULL, { { "p50_ms", 2 }, { "p95_ms", 2 }, { "p99_ms", 2 } } },
 	{ "producer",
 	  measure_producer,
