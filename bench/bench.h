@@ -13,6 +13,9 @@
 #define BENCH_ROW_FIGURES  8    /* summary keys of one measurement */
 #define BENCH_BATCH_DFLT   500  /* relay.batch_size when --batch is not given */
 #define BENCH_WORKERS_DFLT 1    /* relay.workers when --workers is not given */
+/* The load run's commits per second when --load-rate is not given and the relay's throughput
+ * was not measured in the same run (it is half of that otherwise). */
+#define BENCH_LOAD_RATE_DFLT 4000
 
 struct bench_options {
 	const char *pg;    /* libpq conninfo (RELAY_TEST_PG) */
@@ -22,10 +25,11 @@ struct bench_options {
 	bool quick;
 	long n_tput; /* rows for the limit, throughput and keys runs */
 	long n_backlog;
-	int phase_s;           /* producer cost phase and idle latency duration */
+	int phase_s;           /* producer cost phase, idle and load latency duration */
 	long workers;          /* relay.workers for every relay run (0 = BENCH_WORKERS_DFLT) */
 	long batch;            /* relay.batch_size for every relay run (0 = BENCH_BATCH_DFLT) */
 	const char *retention; /* relay.retention for every relay run ("0": delete on confirm) */
+	long load_rate;        /* the load run's commits/s (0 = half the relay's, see load.c) */
 };
 
 /* A key of the summary line and how many decimals its value gets there. */
@@ -63,6 +67,7 @@ struct bench_measurement {
 void measure_limit(struct bench *b);    /* limit.c */
 void measure_relay(struct bench *b);    /* relay.c */
 void measure_idle(struct bench *b);     /* idle.c */
+void measure_load(struct bench *b);     /* load.c */
 void measure_producer(struct bench *b); /* producer.c */
 void measure_backlog(struct bench *b);  /* backlog.c */
 void measure_keys(struct bench *b);     /* keys.c */

@@ -1,0 +1,254 @@
+/* Latency under load: LOAD_PRODUCERS connections commit single-row inserts at a fixed total
+ * rate (half the relay's measured maximum) on an absolute schedule for phase_s seconds, and
+ * the time from each commit's return to the consumer's receipt (p50/p95/p99/max). */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "bench/cpu.h"
+#include "bench/db.h"
+#include "bench/latency.h"
+#include "bench/mq.h"
+#include "bench/proc.h"
+#include "tests/support/pgsql.h"
+
+#define LOAD_PRODUCERS 4         /* threads, each on its own connection */
+#define LOAD_MAX_ROWS  20000000L /* rate x seconds beyond this is refused (memory) */
+#define LOAD_QUIET_MS  10000     /* the wait for the last deliveries ends after this without one */
+#define LOAD_DRAIN_MS  120000    /* and after this in any case */
+
+/* One producer: rows index, index + LOAD_PRODUCERS, ... each at t0 + row / rate. */
+struct load_producer {
+	pthread_t thread;
+	const char *pg, *table;
+	int index;
+	long rows;         /* rows of the whole run */
+	double rate;       /* of the whole run, rows per second */
+	int64_t stop_ns;   /* a producer this far behind its schedule stops sending */
+	atomic_int *go;    /* 0 wait, 1 run (t0_ns set), 2 stop */
+	atomic_int *ready; /* producers connected (or failed) */
+	const int64_t *t0_ns;
+	int64_t *commit_us; /* by row: bench_mono_us() when the commit returned; 0 = not sent */
+	int64_t *rtt_us;    /* by row: the commit's round trip, send -> return */
+	long commits;
+	int64_t last_us; /* when its last commit returned */
+	char err[256];
+};
+
+static void *producer_main(void *arg)
+{
+	struct load_producer *pr = arg;
+	PGconn *c = pgsql_connect(pr->pg, pr->err, sizeof(pr->err));
+	char id[48], body[BENCH_BODY_LEN + 1];
+	const char *params[3] = { id, pr->table, body };
+
+	if (!c || db_prepare_insert(c, pr->table, pr->err, sizeof(pr->err)) != 0) {
+		atomic_fetch_add(pr->ready, 1);
+		goto out;
+	}
+	atomic_fetch_add(pr->ready, 1);
+	while (atomic_load(pr->go) == 0)
+		bench_sleep_ms(1);
+	for (long row = pr->index; row < pr->rows && atomic_load(pr->go) == 1;
+	     row += LOAD_PRODUCERS) {
+		int64_t at = *pr->t0_ns + (int64_t)((double)row * 1e9 / pr->rate), sent;
+		PGresult *r;
+
+		latency_sleep_until(at);
+		if (latency_mono_ns() > pr->stop_ns || bench_interrupted())
+			break;
+		snprintf(id, sizeof(id), "l%ld", row);
+		sent = bench_mono_us();
+		latency_body(body, row, sent);
+		/* Autocommit: the statement's return is the commit's. */
+		r = PQexecPrepared(c, "ins", 3, params, NULL, NULL, 0);
+		pr->last_us = bench_mono_us();
+		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+			snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
+			PQclear(r);
+			break;
+		}
+		PQclear(r);
+		pr->commit_us[row] = pr->last_us;
+		pr->rtt_us[row] = pr->last_us - sent;
+		pr->commits++;
+	}
+out:
+	PQfinish(c);
+	return NULL;
+}
+
+/* The total commit rate: --load-rate, else half what the relay drained in this run, else
+ * BENCH_LOAD_RATE_DFLT; its origin into why. */
+static double load_rate(const struct bench *b, char *why, size_t len)
+{
+	double relay = bench_get(b, "relay");
+
+	if (b->opt.load_rate > 0) {
+		snprintf(why, len, "--load-rate");
+		return (double)b->opt.load_rate;
+	}
+	if (!isnan(relay) && relay >= 2) {
+		snprintf(why, len, "half the relay's %.0f msgs/s", relay);
+		return floor(relay / 2);
+	}
+	snprintf(why, len, "default: the relay was not measured in this run");
+	return BENCH_LOAD_RATE_DFLT;
+}
+
+void measure_load(struct bench *b)
+{
+	const char *what = "load", *table = "bench_load";
+	char why[96];
+	double rate = load_rate(b, why, sizeof(why)), achieved;
+	long rows = (long)llround(rate * b->opt.phase_s), committed = 0, got, n = 0;
+	PGconn *c = NULL;
+	struct consumer *k = NULL;
+	struct proc_relay rp = { 0 };
+	struct latency lat;
+	struct load_producer pr[LOAD_PRODUCERS];
+	struct cpu_sample ca, cz;
+	struct cpu_cost cost;
+	int64_t *commit_us = NULL, *rtt_us = NULL, *v = NULL, *rv = NULL, t0_ns = 0, t0_us = 0;
+	int64_t last_us = 0, deadline;
+	atomic_int go, ready;
+	int started = 0;
+	double p50, p95, p99, r50, r99;
+
+	memset(pr, 0, sizeof(pr));
+	atomic_init(&go, 0);
+	atomic_init(&ready, 0);
+	memset(&lat, 0, sizeof(lat));
+	if (rows > LOAD_MAX_ROWS) {
+		bench_fail(b, what, "%.0f/s for %d s is more than %ld rows", rate, b->opt.phase_s,
+		           LOAD_MAX_ROWS);
+		goto out;
+	}
+	commit_us = calloc((size_t)rows, sizeof(*commit_us));
+	rtt_us = calloc((size_t)rows, sizeof(*rtt_us));
+	v = calloc((size_t)rows, sizeof(*v));
+	rv = calloc((size_t)rows, sizeof(*rv));
+	if (latency_init(&lat, rows) != 0 || !commit_us || !rtt_us || !v || !rv) {
+		bench_fail(b, what, "out of memory");
+		goto out;
+	}
+	c = db_open(b, what);
+	if (!c)
+		goto out;
+	if (db_table_fresh(b, c, what, table) != 0 || mq_fresh_queue(b, what, table) != 0 ||
+	    mq_consume(b, what, table, latency_on_delivery, &lat, &k) != 0)
+		goto out;
+	if (proc_relay_start(b, &rp, what, table) != 0)
+		goto out;
+	for (; started < LOAD_PRODUCERS; started++) {
+		struct load_producer *p = &pr[started];
+
+		p->pg = b->opt.pg;
+		p->table = table;
+		p->index = started;
+		p->rows = rows;
+		p->rate = rate;
+		p->go = &go;
+		p->ready = &ready;
+		p->t0_ns = &t0_ns;
+		p->commit_us = commit_us;
+		p->rtt_us = rtt_us;
+		if (pthread_create(&p->thread, NULL, producer_main, p) != 0) {
+			bench_fail(b, what, "could not start producer threads");
+			atomic_store(&go, 2);
+			goto join;
+		}
+	}
+	deadline = bench_mono_us() + 30000000;
+	while (atomic_load(&ready) < LOAD_PRODUCERS && bench_mono_us() < deadline)
+		bench_sleep_ms(5);
+	/* Let the relay connect and go idle, as the idle run does; the load then wakes it. */
+	bench_sleep_ms(2000);
+	if (!proc_relay_alive(b, &rp, what)) {
+		atomic_store(&go, 2);
+		goto join;
+	}
+	cpu_sample(&ca, rp.pid);
+	t0_us = bench_mono_us();
+	t0_ns = latency_mono_ns();
+	/* A producer that cannot keep up commits as fast as it can; past twice the phase and
+	 * 10 s more it stops, and the achieved rate says so. */
+	for (int i = 0; i < LOAD_PRODUCERS; i++)
+		pr[i].stop_ns = t0_ns + (2LL * b->opt.phase_s + 10) * 1000000000LL;
+	atomic_store(&go, 1);
+join:
+	for (int i = 0; i < started; i++)
+		pthread_join(pr[i].thread, NULL);
+	if (atomic_load(&go) != 1)
+		goto out;
+	for (int i = 0; i < started; i++) {
+		if (pr[i].err[0]) {
+			bench_fail(b, what, "producer %d: %s", i, pr[i].err);
+			goto out;
+		}
+		committed += pr[i].commits;
+		if (pr[i].last_us > last_us)
+			last_us = pr[i].last_us;
+	}
+	if (bench_interrupted()) {
+		bench_fail(b, what, "interrupted");
+		goto out;
+	}
+	got = latency_wait(&lat, committed, LOAD_DRAIN_MS, LOAD_QUIET_MS);
+	cpu_sample(&cz, rp.pid);
+	if (!proc_relay_alive(b, &rp, what) || mq_consumer_check(b, k, what) != 0)
+		goto out;
+	if (got < committed) {
+		bench_fail(b, what, "only %ld of %ld committed rows delivered (none for %d s)", got,
+		           committed, LOAD_QUIET_MS / 1000);
+		goto out;
+	}
+	for (long i = 0; i < rows; i++) {
+		if (commit_us[i] == 0 || lat.arrived_us[i] == 0)
+			continue;
+		v[n] = lat.arrived_us[i] - commit_us[i];
+		rv[n] = rtt_us[i];
+		n++;
+	}
+	if (n == 0) {
+		bench_fail(b, what, "no row was committed");
+		goto out;
+	}
+	latency_sort(v, n);
+	latency_sort(rv, n);
+	achieved = last_us > t0_us ? (double)committed / ((double)(last_us - t0_us) / 1e6) : NAN;
+	p50 = latency_pct_ms(v, n, 50);
+	p95 = latency_pct_ms(v, n, 95);
+	p99 = latency_pct_ms(v, n, 99);
+	r50 = latency_pct_ms(rv, n, 50);
+	r99 = latency_pct_ms(rv, n, 99);
+	bench_set(b, "load_rate", achieved);
+	bench_set(b, "load_p50_ms", p50);
+	bench_set(b, "load_p99_ms", p99);
+	printf("load: %d connections, single-row commits paced at %.0f/s (%s) for %d s: %ld "
+	       "commits at %.0f/s achieved, %ld delivered (%ld repeated); the commit itself p50 "
+	       "%.2f ms, p99 %.2f ms\n",
+	       LOAD_PRODUCERS, rate, why, b->opt.phase_s, committed, achieved, got,
+	       atomic_load(&lat.repeated), r50, r99);
+	printf("load: commit -> consumer receive: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max "
+	       "%.2f ms (target p99 <= 10 ms: %s)\n",
+	       p50, p95, p99, (double)v[n - 1] / 1000.0, p99 <= 10.0 ? "met" : "MISSED");
+	cpu_cost(&ca, &cz, committed, &cost);
+	cpu_print(what, &cost, true);
+out:
+	proc_relay_stop(b, &rp, what);
+	consumer_stop(k);
+	db_table_drop(c, table);
+	PQfinish(c);
+	latency_free(&lat);
+	free(commit_us);
+	free(rtt_us);
+	free(v);
+	free(rv);
+}
