@@ -21,6 +21,7 @@
 #define WAL_DUMP_MS    300000       /* pg_waldump's bound: a 1 GB range takes seconds */
 #define WAL_MAX_TYPES  256          /* record types of one breakdown (PostgreSQL has ~150) */
 #define WAL_WRITTEN_MS 5000         /* how long the end of a range may take to be written */
+#define WAL_PAGE       8192         /* XLOG_BLCKSZ: a page header may end a range */
 
 extern char **environ;
 
@@ -235,14 +236,17 @@ static int by_bytes(const void *a, const void *b)
 }
 
 /* Reads pg_waldump --stats=record's rows ("Heap/INSERT  N (pct)  rec (pct)  fpi (pct)
- * combined (pct)") into w->types per message, largest first; the first error line into why
- * when there is no row. */
-static void parse_dump(const char *text, long n, struct wal_cost *w)
+ * combined (pct)") into w->types per message, largest first. None when it printed no rows or
+ * stopped before `to` (a segment it could not read: its statistics then cover only part of
+ * the range); its first error line goes into why then. */
+static void parse_dump(const char *text, uint64_t to, long n, struct wal_cost *w)
 {
 	struct wal_type *all = calloc(WAL_MAX_TYPES, sizeof(*all));
 	int n_all = 0;
 	const char *line = text;
 	double other_count = 0, other_bytes = 0;
+	uint64_t read_to = 0;
+	char err[160] = "";
 
 	if (!all) {
 		snprintf(w->why, sizeof(w->why), "out of memory");
@@ -251,7 +255,7 @@ static void parse_dump(const char *text, long n, struct wal_cost *w)
 	while (*line) {
 		const char *eol = strchr(line, '\n');
 		size_t len = eol ? (size_t)(eol - line) : strlen(line);
-		char row[512], name[64];
+		char row[512], name[64], lsn1[32], lsn2[32];
 		unsigned long long cnt, rec, fpi, comb;
 		double p1, p2, p3, p4;
 
@@ -264,14 +268,27 @@ static void parse_dump(const char *text, long n, struct wal_cost *w)
 			all[n_all].count = (double)cnt / (double)n;
 			all[n_all].bytes = (double)comb / (double)n;
 			n_all++;
-		} else if (!w->why[0] && strstr(row, "error")) {
-			snprintf(w->why, sizeof(w->why), "%.150s", row);
+		} else if (sscanf(row, "WAL statistics between %31s and %31[0-9A-Fa-f/]", lsn1,
+		                  lsn2) == 2) {
+			read_to = parse_lsn(lsn2);
+		} else if (!err[0] && strstr(row, "error")) {
+			snprintf(err, sizeof(err), "%.150s", row);
 		}
 		line += len + (eol ? 1 : 0);
 	}
 	if (n_all == 0) {
-		if (!w->why[0])
-			snprintf(w->why, sizeof(w->why), "pg_waldump printed no statistics");
+		snprintf(w->why, sizeof(w->why), "%s", err[0] ? err : "pg_waldump printed no rows");
+		free(all);
+		return;
+	}
+	/* The last record read ends at `to`, or a page header before it. */
+	if (read_to + WAL_PAGE < to) {
+		char a[32], z[32];
+
+		format_lsn(read_to, a, sizeof(a));
+		format_lsn(to, z, sizeof(z));
+		snprintf(w->why, sizeof(w->why), "pg_waldump read up to %s of %s only: %s", a, z,
+		         err[0] ? err : "?");
 		free(all);
 		return;
 	}
@@ -319,7 +336,7 @@ static void breakdown(PGconn *c, uint64_t from, uint64_t to, long n, struct wal_
 	text = run_capture(argv, w->why, sizeof(w->why));
 	if (!text)
 		return;
-	parse_dump(text, n, w);
+	parse_dump(text, to, n, w);
 	free(text);
 }
 
