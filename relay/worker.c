@@ -89,7 +89,7 @@ struct worker {
 	int64_t last_first_seq;
 	int64_t full_claim_ms;
 
-	bool armed; /* the wake-up flag is armed by us and not yet disarmed */
+	bool armed; /* this worker's session holds the wake-up lock (store_arm) */
 	uint64_t seed;
 	atomic_int done; /* worker_main() has finished (read by the main thread) */
 	char node[300];  /* the broker node of the last connection, for "failover" */
@@ -160,8 +160,8 @@ static bool ensure_db(struct worker *w)
 	rc = store_connect(w->store);
 	if (rc == STORE_OK) {
 		endpoint_up(w, &w->db, &g_metrics.db_up, "database", store_server(w->store));
-		/* A stale armed flag from before the outage is cleared by the next claim. */
-		w->armed = true;
+		/* The wake-up lock ended with the old session. */
+		w->armed = false;
 		return true;
 	}
 	if (rc == STORE_ERR_UNSUPPORTED) {
@@ -265,8 +265,10 @@ static void broker_failed(struct worker *w, int rc, bool in_batch)
 /* ---- waiting ---- */
 
 /* Sleeps until a notification, the deadline, or shutdown, servicing the broker connection
- * (heartbeats, connection.blocked) at least every heartbeat/2 meanwhile. */
-static void wait_for_work(struct worker *w, int64_t deadline_ms)
+ * (heartbeats, connection.blocked) at least every heartbeat/2 meanwhile. False when it slept
+ * to the deadline; true when something else ended it (a notification, shutdown, a lost
+ * connection): the loop has work to look at. */
+static bool wait_for_work(struct worker *w, int64_t deadline_ms)
 {
 	int64_t hb_ms = w->cfg->amqp_heartbeat_ms > 0 ? w->cfg->amqp_heartbeat_ms / 2 : 5000;
 
@@ -280,8 +282,10 @@ static void wait_for_work(struct worker *w, int64_t deadline_ms)
 		int rc;
 
 		set_tick(w);
-		if (timeout <= 0 || atomic_load(&w->relay->stopping))
-			return;
+		if (atomic_load(&w->relay->stopping))
+			return true;
+		if (timeout <= 0)
+			return false;
 		if (timeout > hb_ms)
 			timeout = hb_ms;
 		pfd[n].fd = w->relay->wake_fd;
@@ -297,15 +301,15 @@ static void wait_for_work(struct worker *w, int64_t deadline_ms)
 		}
 		rc = poll(pfd, n, (int)timeout);
 		if (rc < 0 && errno != EINTR)
-			return;
+			return true;
 		if (db_i >= 0 && rc > 0 && pfd[db_i].revents) {
 			rc = store_consume_input(w->store, &woken);
 			if (rc < 0) {
 				db_failed(w, rc, "waiting for notifications");
-				return;
+				return true;
 			}
 			if (woken)
-				return;
+				return true;
 		}
 		/* Service the broker on readability and on every heartbeat/2 timeout alike:
 		 * rabbitmq-c only sends heartbeats from inside its own calls. */
@@ -313,7 +317,7 @@ static void wait_for_work(struct worker *w, int64_t deadline_ms)
 			rc = broker_service(w->broker);
 			if (rc < 0) {
 				broker_failed(w, rc, false);
-				return;
+				return true;
 			}
 		}
 	}
@@ -820,12 +824,41 @@ static int claim_everywhere(struct worker *w, bool disarm, struct store_batch *x
 	return rc;
 }
 
+/* After arming, before the last claim: a producer tests the wake-up lock when its INSERT ends,
+ * not when it commits, so one that tested just before the lock was taken does not notify,
+ * and its rows may commit after a claim. It drew its seq before testing and holds the
+ * sequence's lock until it ends: once a sample of the lock holders read now has seen every
+ * one of them end (the watermark settles), a claim sees all their rows. So the worker samples
+ * again (pauses of 1, 2, 4 ... ms, at most CATCH_UP_PAUSE_MS, listening meanwhile) until that
+ * happens or a poll interval has passed: a producer that inserts and then works on before it
+ * commits is caught within CATCH_UP_PAUSE_MS of its commit, and while no producer's
+ * transaction is open this is one sample. The same settling makes keyed rows committed just
+ * now claimable. Returns 0 (claim now), 1 when a notification came meanwhile (go round the
+ * loop), or -1 (a database error, handled). */
+#define CATCH_UP_PAUSE_MS 50
+
+static int catch_up(struct worker *w)
+{
+	int64_t end = clock_mono_ms() + w->cfg->relay_poll_interval_ms, pause = 1;
+	int rc;
+
+	for (;;) {
+		rc = store_settle_watermark(w->store);
+		if (rc < 0) {
+			db_failed(w, rc, "settling the ordering watermark");
+			return -1;
+		}
+		if (rc == 0 || clock_mono_ms() + pause > end)
+			return 0;
+		if (wait_for_work(w, clock_mono_ms() + pause))
+			return 1;
+		pause = pause * 2 < CATCH_UP_PAUSE_MS ? pause * 2 : CATCH_UP_PAUSE_MS;
+	}
+}
+
 static void worker_loop(struct worker *w)
 {
 	const struct config *cfg = w->cfg;
-	int64_t arm_ttl = cfg->relay_poll_interval_ms * 2 + 1000;
-	bool disarm = true; /* the first claim clears a flag left by a relay that died */
-	int settle_claims = 0;
 	int rc;
 
 	while (!atomic_load(&w->relay->stopping)) {
@@ -844,6 +877,16 @@ static void worker_loop(struct worker *w)
 				hand_back(w, x);
 				if (finish_mark(w) < 0)
 					continue;
+				/* No notification can help while the broker is away, and each
+				 * costs a producer's commit: let the wake-up lock go. */
+				if (w->armed) {
+					rc = store_disarm(w->store);
+					if (rc < 0) {
+						db_failed(w, rc, "disarming the wake-up");
+						continue;
+					}
+					w->armed = false;
+				}
 			}
 
 			if (!db_ok)
@@ -855,7 +898,7 @@ static void worker_loop(struct worker *w)
 		}
 		if (x->n > 0) {
 			/* Any non-empty batch claims again at once: under load the loop never sleeps,
-			 * so it never arms the flag and producers never pay for a NOTIFY. */
+			 * so it never takes the wake-up lock and producers never pay for a NOTIFY. */
 			cycle(w);
 			continue;
 		}
@@ -867,48 +910,37 @@ static void worker_loop(struct worker *w)
 
 		w->last_first_seq = 0;
 		w->full_claim_ms = clock_mono_ms();
-		rc = claim_everywhere(w, disarm || w->armed, x);
+		rc = claim_everywhere(w, w->armed, x);
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
 			continue;
 		}
 		w->db.streak = 0;
 		w->armed = false;
-		disarm = false;
 		if (x->n > 0)
 			continue;
 
-		/* Arm, then claim once more before sleeping: a row committed just before the flag
-		 * was armed did not notify, but that claim sees it. */
-		rc = store_arm(w->store, arm_ttl);
+		/* Arm, then claim once more before sleeping: a row committed before the lock was
+		 * taken did not notify, but that claim sees it (catch_up()). */
+		rc = store_arm(w->store);
 		if (rc < 0) {
 			db_failed(w, rc, "arming the wake-up");
 			continue;
 		}
-		w->armed = true;
-		rc = claim_everywhere(w, false, x);
-		if (rc < 0) {
-			db_failed(w, rc, "claiming rows");
+		w->armed = rc == 1;
+		rc = catch_up(w);
+		if (rc < 0)
 			continue;
-		}
-		if (x->n > 0)
-			continue;
-		if (store_keys_settling(w->store) && settle_claims < 2) {
-			/* Keyed rows committed just now are claimable once the ordering watermark
-			 * has passed them: settle it and claim again instead of sleeping a poll
-			 * interval. Bounded, so that steady traffic elsewhere cannot turn this into
-			 * a busy loop. */
-			settle_claims++;
-			rc = store_settle_watermark(w->store);
+		if (rc == 0) {
+			rc = claim_everywhere(w, false, x);
 			if (rc < 0) {
-				db_failed(w, rc, "settling the ordering watermark");
+				db_failed(w, rc, "claiming rows");
 				continue;
 			}
-			if (!store_keys_settling(w->store))
+			if (x->n > 0)
 				continue;
+			wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
 		}
-		settle_claims = 0;
-		wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
 	}
 }
 

@@ -253,6 +253,8 @@ int store_claim_send(struct store *s, bool disarm)
 	else
 		snprintf(budget, sizeof(budget), "%s", NO_BUDGET);
 	params[0] = disarm ? "t" : "f";
+	if (disarm)
+		s->armed = false;
 	params[1] = max;
 	params[2] = batch;
 	params[3] = s->claim_token;

@@ -1,6 +1,7 @@
 /* The store handle and its connection: connecting through a libpq host list to a writable
  * primary within bounded time, refusing what cannot serve the relay (a missing or old table, a
  * standby, a transaction-pooling proxy), setting up the relay's session and LISTENing. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -112,6 +113,7 @@ void store_disconnect(struct store *s)
 	PQfinish(s->conn);
 	s->conn = NULL;
 	s->prepared = false;
+	s->armed = false; /* a session lock ends with its session */
 	s->inflight = STORE_INFLIGHT_NONE;
 	s->inflight_sent_ms = 0;
 	s->no_answer = false;
@@ -363,34 +365,41 @@ out:
 	return rc;
 }
 
-/* Relay mode: say plainly what is missing rather than failing later on a prepare. */
+/* Relay mode: say plainly what is missing rather than failing later on a prepare. The wake-up
+ * trigger is looked at too, but only noted (store_wakeup_current()): without it the relay
+ * still works, finding new rows by polling. */
 static int check_table(struct store *s)
 {
-	char wake[STORE_NAME_MAX];
-	const char *params[2];
+	char trigger[STORE_NAME_MAX + 8], schema[STORE_NAME_MAX], base[STORE_NAME_MAX];
+	const char *params[2] = { s->table, trigger };
 	PGresult *res = NULL;
 	char missing[STORE_ERRMSG_MAX / 2] = "";
 	size_t mlen = 0;
-	bool have_wakeup = false;
-	int rc;
+	int rc, ncols = 0;
 
-	if (!store_wakeup_name(s->table, wake, sizeof(wake))) {
-		store_set_error(s, "table name '%s' too long", s->table);
-		return STORE_ERR_FATAL;
-	}
-	params[0] = s->table;
-	params[1] = wake;
+	/* The trigger's name as the catalog has it: created unquoted, so folded to lower case. */
+	store_split_table(s->table, schema, sizeof(schema), base, sizeof(base));
+	for (size_t i = 0; base[i]; i++)
+		base[i] = (char)tolower((unsigned char)base[i]);
+	snprintf(trigger, sizeof(trigger), "%s_wakeup", base);
+	s->wakeup_current = false;
 	rc = store_exec(s,
 	                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1)"
 	                " AND attnum > 0 AND NOT attisdropped"
-	                " UNION ALL SELECT '' WHERE to_regclass($2) IS NOT NULL",
+	                " UNION ALL SELECT '' FROM pg_trigger WHERE tgrelid = to_regclass($1)"
+	                " AND tgname = $2 AND tgtype = " STORE_WAKEUP_TGTYPE " AND tgenabled <> 'D'"
+	                " AND strpos(pg_get_triggerdef(oid), "
+	                "'pg_try_advisory_lock_shared(" STORE_WAKEUP_LOCK_CLASS ", ') > 0",
 	                2, params, PGRES_TUPLES_OK, &res, "could not inspect the outbox table");
 	if (rc != 0)
 		goto out;
-	for (int i = 0; i < PQntuples(res); i++)
+	for (int i = 0; i < PQntuples(res); i++) {
 		if (PQgetvalue(res, i, 0)[0] == '\0')
-			have_wakeup = true;
-	if (PQntuples(res) == (have_wakeup ? 1 : 0)) {
+			s->wakeup_current = true;
+		else
+			ncols++;
+	}
+	if (ncols == 0) {
 		store_set_error(s, "table '%s' does not exist: run 'outbox-relay migrate'",
 		                s->table);
 		rc = STORE_ERR_FATAL;
@@ -413,17 +422,15 @@ static int check_table(struct store *s)
 		rc = STORE_ERR_FATAL;
 		goto out;
 	}
-	if (!have_wakeup) {
-		store_set_error(s,
-		                "table '%s' lacks its wake-up table %s: run 'outbox-relay migrate'",
-		                s->table, wake);
-		rc = STORE_ERR_FATAL;
-		goto out;
-	}
 	rc = 0;
 out:
 	PQclear(res);
 	return rc;
+}
+
+bool store_wakeup_current(const struct store *s)
+{
+	return s->wakeup_current;
 }
 
 /* Runs sql on c and waits at most timeout_ms for its answer, without the store's machinery (the
@@ -548,7 +555,8 @@ int store_resolve_sequence(struct store *s)
 
 	rc = store_exec(s,
 	                "SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid::text,"
-	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text",
+	                " (SELECT oid FROM pg_database WHERE datname = current_database())::text,"
+	                " to_regclass($1)::oid::integer::text",
 	                1, params, PGRES_TUPLES_OK, &res, "could not find the seq sequence");
 	if (rc != 0)
 		return rc;
@@ -561,12 +569,14 @@ int store_resolve_sequence(struct store *s)
 	} else {
 		s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
 		s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
+		/* As the trigger's WHEN has it: the OID as a (signed) integer. */
+		s->table_key = (int)strtol(PQgetvalue(res, 0, 2), NULL, 10);
 	}
 	PQclear(res);
 	return rc;
 }
 
-/* The relay's session. The claim must walk the pending index in seq order and stop after
+/* The relay's session. The claim must walk the unkeyed index in seq order and stop after
  * `batch` rows. With missing or stale statistics (a bulk load before autoanalyze) the planner
  * prefers a bitmap scan of every pending row plus a sort, measured at 30x the time on a
  * 100,000 row backlog; none of this connection's statements needs either, so they are taken
@@ -579,8 +589,10 @@ int store_resolve_sequence(struct store *s)
  * Marks stay durable (see statements.c), so a key's next row is never published while its
  * predecessor could still come back. statement_timeout matches the answer timeout, so that
  * a statement the relay gave up on (say, waiting for a lock a migration holds) stops on the
- * server too. Then: is this a writable primary, which sequence is behind seq, and is there a
- * pooler in between. */
+ * server too. TCP keepalives from the server's side: a relay whose host vanished while it
+ * held the wake-up lock (it sleeps holding it) is dropped within about a minute, and
+ * producers stop notifying nobody (no effect over a Unix socket). Then: is this a writable
+ * primary, which sequence is behind seq, and is there a pooler in between. */
 static int setup_session(struct store *s)
 {
 	char sql[STORE_NAME_MAX + 512];
@@ -590,7 +602,9 @@ static int setup_session(struct store *s)
 
 	snprintf(sql, sizeof(sql),
 	         "SET enable_bitmapscan = off; SET enable_sort = off; SET jit = off;"
-	         " SET synchronous_commit = off; SET statement_timeout = %lld",
+	         " SET synchronous_commit = off; SET statement_timeout = %lld;"
+	         " SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10;"
+	         " SET tcp_keepalives_count = 3",
 	         (long long)s->opts.lease_ms);
 	rc = store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not set up the session");
 	if (rc != 0)

@@ -1,6 +1,6 @@
 /* What happens to claimed rows afterwards — marked published (or deleted), charged a failure,
  * released, their lease renewed — each one statement for the whole batch and fenced by the
- * claim's token; and the wake-up: arming the flag, draining notifications. */
+ * claim's token; and the wake-up: taking its lock, draining notifications. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,18 +214,34 @@ int store_renew(struct store *s, struct store_batch *b)
 
 /* ---- wake-up ---- */
 
-int store_arm(struct store *s, int64_t ttl_ms)
+int store_arm(struct store *s)
 {
-	char ttl[24];
-	const char *params[1] = { ttl };
+	PGresult *res = NULL;
 	int rc;
 
 	rc = store_ensure_prepared(s);
 	if (rc != 0)
 		return rc;
-	snprintf(ttl, sizeof(ttl), "%lld", (long long)(ttl_ms > 0 ? ttl_ms : 0));
-	return store_exec_prepared(s, ST_ARM, 1, params, PGRES_COMMAND_OK, NULL, NULL,
-	                           "could not arm the wake-up");
+	if (s->armed)
+		return 1;
+	rc = store_exec_prepared(s, ST_ARM, 0, NULL, PGRES_TUPLES_OK, NULL, &res,
+	                         "could not arm the wake-up");
+	if (rc != 0)
+		return rc;
+	s->armed = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	return s->armed ? 1 : 0;
+}
+
+int store_disarm(struct store *s)
+{
+	int rc;
+
+	rc = store_exec(s, "SELECT pg_advisory_unlock_all()", 0, NULL, PGRES_TUPLES_OK, NULL,
+	                "could not disarm the wake-up");
+	if (rc == 0)
+		s->armed = false;
+	return rc;
 }
 
 int store_consume_input(struct store *s, bool *woken)

@@ -203,10 +203,23 @@ int store_release_all(struct store *s) __attribute__((warn_unused_result));
  * must not be published by this relay. */
 int store_renew(struct store *s, struct store_batch *b) __attribute__((warn_unused_result));
 
-/* Arms the wake-up flag so that producers' commits NOTIFY the channel for the next ttl_ms
- * (the flag expires by itself if the relay dies). Call before sleeping, then claim once more
- * before waiting, so that a row committed just before the flag was armed is not missed. */
-int store_arm(struct store *s, int64_t ttl_ms) __attribute__((warn_unused_result));
+/* The wake-up (store/schema.c). store_arm() takes the table's wake-up lock for this session:
+ * while some session holds it, producers' INSERT statements notify the channel. Call it before
+ * sleeping, then claim once more; a claim with disarm lets it go. Returns 1 when this session
+ * holds it, 0 when another does (a relay asleep: its notifications reach every relay that
+ * listens), or an error. The lock ends with the session, so a relay that dies stops the
+ * notifications with its connection.
+ * A producer tests the lock when its INSERT ends, before it commits: one that tested just
+ * before the lock was taken does not notify, and its rows may commit after the claim that
+ * followed. It holds a seq already, so settle the watermark (store_settle_watermark()) after
+ * arming and before that claim: once every transaction holding a seq then has ended, the claim
+ * sees their rows. */
+int store_arm(struct store *s) __attribute__((warn_unused_result));
+/* Lets the wake-up lock go without claiming (the relay cannot publish for now). */
+int store_disarm(struct store *s) __attribute__((warn_unused_result));
+/* Whether the table's wake-up trigger is this version's (read at connect): without it the
+ * relay finds new rows only by polling. */
+bool store_wakeup_current(const struct store *s);
 /* Reads whatever arrived on the socket and drains notifications; *woken is set when at least
  * one notification on the channel was received. Never blocks. */
 int store_consume_input(struct store *s, bool *woken) __attribute__((warn_unused_result));

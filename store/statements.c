@@ -19,7 +19,7 @@
 	" AND l.relation = %u AND l.pid IS DISTINCT FROM pg_backend_pid()"                       \
 	" AND s.w IS NOT NULL) h"
 
-/* Prepares statement name from fmt (the table or wake-up names filled in by the caller's
+/* Prepares statement name from fmt (the table's name and OIDs filled in by the caller's
  * arguments). */
 static int prepare_one(struct store *s, const char *name, int nparams, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
@@ -67,19 +67,19 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
  * Both sets are locked (SKIP LOCKED: what another claim holds is stepped around, and the
  * conditions are checked again on the newest version of each row), merged oldest first, cut to
  * the batch ($3) and then to the byte budget ($8, always keeping the first row), and leased
- * under the claim's token ($4) for $5 ms. The disarm CTE clears the wake-up flag in the same
- * round trip. The last row of the answer (seq NULL) is the watermark's sample, what is left of
- * the lease by the database clock, whether a key looked at has its head above the watermark,
- * and the last key looked at when $10 of them were (NULL when the keys ran out: the next claim
+ * under the claim's token ($4) for $5 ms. The disarm CTE lets the wake-up lock go in the same
+ * round trip ($1; every advisory lock of the session, which holds no other, and however many
+ * times it was taken; joined into the last row, so that it runs). The last row of the answer (seq NULL) is the watermark's sample, what is left of the
+ * lease by the database clock, whether a key looked at has its head above the watermark, and
+ * the last key looked at when $10 of them were (NULL when the keys ran out: the next claim
  * starts from the first key again). */
-static int prepare_claim(struct store *s, const char *t, const char *wake)
+static int prepare_claim(struct store *s, const char *t)
 {
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
 
 	return prepare_one(
 	        s, ST_CLAIM, 10,
-	        "WITH RECURSIVE disarm AS (UPDATE %s SET armed_until = NULL"
-	        " WHERE $1::boolean AND armed_until IS NOT NULL),"
+	        "WITH RECURSIVE disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"
 	        " keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL"
 	        " AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"
 	        " ORDER BY o.ordering_key LIMIT 1)"
@@ -118,25 +118,20 @@ static int prepare_claim(struct store *s, const char *t, const char *wake)
 	        " - clock_timestamp()) * 1000)::bigint,"
 	        " EXISTS (SELECT 1 FROM heads WHERE seq > $7::bigint),"
 	        " CASE WHEN (SELECT count(*) FROM kk) >= $10::int THEN (SELECT max(k) FROM kk)"
-	        " END" SAMPLE_FROM,
-	        wake, t, t, t, alive, t, t, t, s->seq_oid, s->db_oid, s->seq_oid);
+	        " END" SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
+	        t, t, t, alive, t, t, t, s->seq_oid, s->db_oid, s->seq_oid);
 }
 
 int store_ensure_prepared(struct store *s)
 {
-	char wake[STORE_NAME_MAX];
 	const char *t = s->table;
 	int rc = store_require_conn(s);
 
 	if (rc != 0 || s->prepared)
 		return rc;
-	if (!store_wakeup_name(t, wake, sizeof(wake))) {
-		store_set_error(s, "table name '%s' too long", t);
-		return STORE_ERR_FATAL;
-	}
 	/* Admin handles (the CLI, the maintenance loop) never claim: they have no sequence
 	 * resolved, and only the writes below are theirs. */
-	if (!s->opts.admin && (rc = prepare_claim(s, t, wake)) != 0)
+	if (!s->opts.admin && (rc = prepare_claim(s, t)) != 0)
 		return rc;
 	if (!s->opts.admin &&
 	    (rc = prepare_one(s, ST_SAMPLE, 0, "SELECT s.w, h.holders, h.n" SAMPLE_FROM, s->seq_oid,
@@ -206,11 +201,11 @@ int store_ensure_prepared(struct store *s)
 	                      t)) != 0)
 		return rc;
 
-	if ((rc = prepare_one(
-	             s, ST_ARM, 1,
-	             "UPDATE %s SET armed_until = now() + $1::bigint * interval '1 millisecond'"
-	             " WHERE id = 1",
-	             wake)) != 0)
+	/* The wake-up lock (schema.c): a session lock, held while the relay sleeps. */
+	if (!s->opts.admin &&
+	    (rc = prepare_one(s, ST_ARM, 0,
+	                      "SELECT pg_try_advisory_lock(" STORE_WAKEUP_LOCK_CLASS ", %d)",
+	                      s->table_key)) != 0)
 		return rc;
 
 	s->prepared = true;

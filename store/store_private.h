@@ -46,6 +46,12 @@ enum store_inflight {
 	a "published_at IS NULL AND (" a "ordering_key IS NULL OR " a "ordering_key IS NOT " \
 	  "NULL)"
 
+/* The wake-up (schema.c): a relay about to sleep holds the session advisory lock
+ * (STORE_WAKEUP_LOCK_CLASS, the table's OID as an integer); the table's statement-level
+ * trigger (tgtype AFTER INSERT FOR EACH STATEMENT) notifies only while someone holds it. */
+#define STORE_WAKEUP_LOCK_CLASS "1869968482" /* 0x6f757462, "outb" */
+#define STORE_WAKEUP_TGTYPE     "4"
+
 /* Columns a store_row needs, in the order the claim returns them. */
 #define STORE_ROW_COLUMNS                                                        \
 	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, " \
@@ -109,6 +115,10 @@ struct store {
 	/* The identity sequence behind seq and this database, by OID, resolved at connect: the
 	 * watermark's samples read the sequence and the locks held on it. */
 	unsigned int seq_oid, db_oid;
+	/* The wake-up lock's second key: the table's OID as an integer (schema.c). */
+	int table_key;
+	bool wakeup_current; /* the table's wake-up trigger is this version's (check_table) */
+	bool armed;          /* this session holds the wake-up lock (store_arm) */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
 	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
 	uint32_t token_nonce;
@@ -126,8 +136,6 @@ struct store {
 /* Splits a validated table name into its schema part ("" when none) and its base name. */
 void store_split_table(const char *table, char *schema, size_t schema_len, char *base,
                        size_t base_len);
-/* "schema.base_wakeup" (or "base_wakeup") for a validated table; false when it does not fit. */
-bool store_wakeup_name(const char *table, char *out, size_t len);
 
 /* ---- outbox.c ---- */
 /* NULL when conn's client_encoding passes UTF-8 through unchanged (UTF8, SQL_ASCII), else the

@@ -115,20 +115,21 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 
 	harness_unique_name(t, sizeof(t), "mig_fix");
 	harness_migrate(t);
-	/* What an older version left: an unqualified function without a pinned search_path,
-	 * no purge index, and the pending index (every unpublished row) instead of the unkeyed
-	 * one; and someone deleted the flag's row. */
+	/* What an older version left: no purge index, the pending index (every unpublished row)
+	 * instead of the unkeyed one, and its wake-up: a function without a pinned search_path
+	 * behind a deferred per-row constraint trigger. */
 	harness_pg_exec(c,
 	                "DROP INDEX %s_unkeyed_idx; DROP INDEX %s_published_idx;"
 	                " CREATE INDEX %s_pending_idx ON %s (seq) WHERE published_at IS NULL",
 	                t, t, t, t);
-	harness_pg_exec(c, "DELETE FROM %s_wakeup", t);
 	harness_pg_exec(c,
-	                "CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger"
-	                " LANGUAGE plpgsql AS $fn$ BEGIN IF EXISTS (SELECT 1 FROM %s_wakeup"
-	                " WHERE armed_until > clock_timestamp()) THEN PERFORM pg_notify('%s', '');"
-	                " END IF; RETURN NULL; END $fn$",
-	                t, t, t);
+	                "DROP TRIGGER %s_wakeup ON %s;"
+	                " CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger"
+	                " LANGUAGE plpgsql AS $fn$ BEGIN PERFORM pg_notify('%s', ''); RETURN NULL;"
+	                " END $fn$;"
+	                " CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s DEFERRABLE"
+	                " INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %s_wakeup_notify()",
+	                t, t, t, t, t, t, t);
 	harness_migrate(t);
 
 	cr_assert_eq(harness_pg_int(c,
@@ -142,7 +143,6 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	        harness_pg_int(c, "SELECT count(*) FROM pg_class WHERE relname = '%s_pending_idx'",
 	                       t),
 	        0, "the retired index is dropped");
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s_wakeup WHERE id = 1", t), 1);
 	src = harness_pg_string(c, "SELECT prosrc FROM pg_proc WHERE proname = '%s_wakeup_notify'",
 	                        t);
 	cfg = harness_pg_string(
@@ -152,15 +152,16 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	        t);
 	cr_assert_not_null(src);
 	cr_assert_not_null(cfg, "the function pins its search_path");
-	cr_assert(strstr(src, "public.") != NULL, "names qualified: %s", src);
+	cr_assert(strstr(src, "pg_notify") != NULL, "%s", src);
 	cr_assert_str_eq(cfg, "search_path=pg_catalog, pg_temp");
 	free(src);
 	free(cfg);
 	cr_assert_eq(harness_pg_int(c,
 	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
-	                            " AND tgname = '%s_wakeup'",
+	                            " AND tgname = '%s_wakeup' AND tgtype = 4"
+	                            " AND NOT tgdeferrable",
 	                            t, t),
-	             1);
+	             1, "the deferred row trigger is replaced by the statement trigger");
 	drop_all(c, t);
 	PQfinish(c);
 }
@@ -253,7 +254,11 @@ Test(migrate, two_concurrent_migrates_of_a_new_table, .timeout = 120)
 	if (sb != 0)
 		harness_relay_dump_log(b);
 	cr_assert(sa == 0 && sb == 0, "exit statuses %d and %d", sa, sb);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s_wakeup", t), 1);
+	cr_assert_eq(harness_pg_int(c,
+	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                            " AND NOT tgisinternal",
+	                            t),
+	             1, "one wake-up trigger");
 	harness_relay_free(a);
 	harness_relay_free(b);
 	drop_all(c, t);
@@ -283,8 +288,8 @@ static bool notified(PGconn *l, const char *channel, int ms)
 	return got;
 }
 
-/* A producer with search_path set by path_sql inserts into public.<t> and commits; with the
- * flag armed a listener is notified. */
+/* A producer with search_path set by path_sql inserts into public.<t> and commits; while the
+ * listener holds the wake-up lock (as a relay does before it sleeps) it is notified. */
 static void produce_with_path(PGconn *listener, const char *t, const char *path_sql, const char *id)
 {
 	PGconn *p = harness_pg_connect();
@@ -292,7 +297,8 @@ static void produce_with_path(PGconn *listener, const char *t, const char *path_
 
 	harness_pg_exec(p, "%s", path_sql);
 	harness_pg_exec(listener,
-	                "UPDATE public.%s_wakeup SET armed_until = now() + interval '1 minute'", t);
+	                "SELECT pg_advisory_lock(1869968482, 'public.%s'::regclass::oid::integer)",
+	                t);
 	harness_pg_exec(p, "BEGIN");
 	harness_pg_exec(p,
 	                "INSERT INTO public.%s (id, exchange_name, routing_key, body)"
@@ -301,7 +307,8 @@ static void produce_with_path(PGconn *listener, const char *t, const char *path_
 	cr_assert_eq(harness_pg_try_exec(p, err, sizeof(err), "COMMIT"), 0,
 	             "the producer's commit failed (%s): %s", path_sql, err);
 	PQfinish(p);
-	cr_assert(notified(listener, t, 15000), "armed flag, no notification (%s)", path_sql);
+	cr_assert(notified(listener, t, 15000), "lock held, no notification (%s)", path_sql);
+	harness_pg_exec(listener, "SELECT pg_advisory_unlock_all()");
 	cr_assert_eq(
 	        harness_pg_int(listener, "SELECT count(*) FROM public.%s WHERE id = '%s'", t, id),
 	        1);
@@ -319,15 +326,15 @@ Test(migrate, wakeup_works_under_any_producer_search_path, .timeout = 120)
 
 	produce_with_path(l, t, "SET search_path = ''", "empty-path");
 
-	/* A schema first on the path with a flag table of its own, never armed: a function that
-	 * followed the path would read it and stay silent. */
+	/* A schema ahead of pg_catalog on the path with a pg_notify of its own that does nothing:
+	 * a function that followed the producer's path would call it and stay silent. */
 	harness_pg_exec(l,
-	                "CREATE SCHEMA %s; CREATE TABLE %s.%s_wakeup (id int PRIMARY KEY,"
-	                " armed_until timestamptz)",
-	                hostile, hostile, t);
+	                "CREATE SCHEMA %s; CREATE FUNCTION %s.pg_notify(text, text) RETURNS void"
+	                " LANGUAGE sql AS 'SELECT NULL::void'",
+	                hostile, hostile);
 	produce_with_path(l, t, "SET search_path = ''", "empty-path-2");
 	char path[160];
-	snprintf(path, sizeof(path), "SET search_path = %s, public", hostile);
+	snprintf(path, sizeof(path), "SET search_path = %s, pg_catalog, public", hostile);
 	produce_with_path(l, t, path, "hostile-path");
 
 	harness_pg_exec(l, "DROP SCHEMA %s CASCADE", hostile);

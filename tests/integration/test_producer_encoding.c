@@ -56,7 +56,7 @@ Test(producer_encoding, latin1_connection_is_refused_utf8_works, .timeout = 60)
 	free(got);
 	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 1, "only the UTF8 add");
 
-	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
 	PQfinish(c);
 }
 

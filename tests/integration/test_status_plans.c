@@ -197,7 +197,7 @@ Test(status_plans, gauges_and_lists_cost_unpublished_rows_only, .timeout = 300)
 	cr_assert_eq(n, 5);
 
 	store_free(s);
-	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
 	PQfinish(c);
 }
 
@@ -234,6 +234,6 @@ Test(status_plans, small_table_counts_published_rows, .timeout = 120)
 	cr_assert_eq(st.published, 7);
 	cr_assert_eq(st.pending, 3);
 	store_free(s);
-	harness_pg_exec(c, "DROP TABLE %s, %s_wakeup; DROP FUNCTION %s_wakeup_notify()", t, t, t);
+	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
 	PQfinish(c);
 }

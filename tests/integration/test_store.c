@@ -78,8 +78,8 @@ static void drop_table(void)
 	PQclear(PQexec(g_admin, "SET client_min_messages = warning"));
 	char q[512];
 	snprintf(q, sizeof(q),
-	         "DROP TABLE IF EXISTS %s, %s_wakeup; DROP FUNCTION IF EXISTS %s_wakeup_notify()",
-	         g_table, g_table, g_table);
+	         "DROP TABLE IF EXISTS %s; DROP FUNCTION IF EXISTS %s_wakeup_notify()", g_table,
+	         g_table);
 	PQclear(PQexec(g_admin, q));
 }
 
@@ -231,11 +231,29 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 		             PQresultErrorMessage(r));
 		PQclear(r);
 	}
-	free(ddl);
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup", g_table), 1);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                     " AND tgname = '%s_wakeup' AND tgtype = " STORE_WAKEUP_TGTYPE,
+	                     g_table, g_table),
+	             1, "the statement-level wake-up trigger");
 	cr_assert_eq(
 	        sql_int(g_admin, "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
-	        5, "pkey, seq unique, pending, key and published indexes, nothing twice");
+	        5, "pkey, seq unique, unkeyed, key and published indexes, nothing twice");
+	/* Over a table of an earlier version: its deferred per-row trigger is replaced. */
+	sql(g_admin, "DROP TRIGGER %s_wakeup ON %s", g_table, g_table);
+	sql(g_admin,
+	    "CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s DEFERRABLE INITIALLY DEFERRED"
+	    " FOR EACH ROW EXECUTE FUNCTION %s_wakeup_notify()",
+	    g_table, g_table, g_table);
+	PGresult *res = PQexec(g_admin, ddl);
+	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s", PQresultErrorMessage(res));
+	PQclear(res);
+	free(ddl);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                     " AND NOT tgisinternal AND tgtype = " STORE_WAKEUP_TGTYPE,
+	                     g_table),
+	             1, "the earlier trigger replaced");
 
 	cr_assert_null(store_schema_sql("bad name", "c"));
 	cr_assert_null(store_schema_sql("x; DROP TABLE y", "c"));
@@ -243,7 +261,8 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 	cr_assert_null(store_schema_sql("outbox", "bad'chan"));
 	ddl = store_schema_sql("app.outbox", "c");
 	cr_assert_not_null(ddl);
-	cr_assert(strstr(ddl, "app.outbox_wakeup"), "derived objects in the table's schema");
+	cr_assert(strstr(ddl, "DROP INDEX IF EXISTS app.outbox_pending_idx"),
+	          "derived objects in the table's schema");
 	free(ddl);
 }
 
@@ -823,30 +842,111 @@ static bool woken_within(struct store *s, int ms)
 	return woken;
 }
 
-Test(store, armed_flag_notifies_and_disarmed_does_not)
+/* Sessions holding the table's wake-up lock (the advisory lock store_arm() takes). */
+static long long wakeup_holders(void)
+{
+	return sql_int(g_admin,
+	               "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+	               " AND classid = %s AND objid = '%s'::regclass::oid AND granted"
+	               " AND mode = 'ExclusiveLock'",
+	               STORE_WAKEUP_LOCK_CLASS, g_table);
+}
+
+Test(store, armed_lock_notifies_and_disarmed_does_not)
 {
 	struct store *a = migrated("wake");
 	struct store *r = open_store(opts_for("relay-1", false));
+	struct store *r2 = open_store(opts_for("relay-2", false));
 
+	cr_assert(store_wakeup_current(r), "migrate installed this version's trigger");
 	add("w0", NULL, 0);
 	cr_assert_not(woken_within(r, 300), "not armed: a commit does not notify");
-	cr_assert_eq(store_arm(r, 5000), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
+	cr_assert_eq(wakeup_holders(), 1);
 	add("w1", NULL, 0);
-	cr_assert(woken_within(r, 15000), "armed: the producer's commit notifies");
-
-	/* The claim after a wake disarms in the same statement. */
-	cr_assert_str_eq(claim_str(r, true), "w0,w1");
-	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s_wakeup WHERE armed_until IS NULL",
-	                     g_table),
-	             1);
+	cr_assert(woken_within(r, 15000), "armed: the producer's INSERT notifies");
+	/* Another relay finds the lock taken: the notifications reach it too. */
+	cr_assert_eq(store_arm(r2), 0, "%s", store_errmsg(r2));
 	add("w2", NULL, 0);
+	cr_assert(woken_within(r2, 15000), "every listening relay is woken");
+	cr_assert(woken_within(r, 15000));
+
+	/* The claim after a wake lets the lock go in the same statement. */
+	cr_assert_str_eq(claim_str(r, true), "w0,w1,w2");
+	cr_assert_eq(wakeup_holders(), 0);
+	add("w3", NULL, 0);
 	cr_assert_not(woken_within(r, 300), "disarmed: no notification");
 
-	/* An arm that expired counts as disarmed. */
-	cr_assert_eq(store_arm(r, 1), 0);
-	usleep(50 * 1000);
-	add("w3", NULL, 0);
-	cr_assert_not(woken_within(r, 300), "expired flag: no notification");
+	/* The lock ends with its session: a relay that dies stops the notifications. */
+	cr_assert_eq(store_arm(r2), 1, "%s", store_errmsg(r2));
+	cr_assert_eq(store_arm(r2), 1, "arming twice takes it once");
+	store_free(r2);
+	for (int i = 0; i < 100 && wakeup_holders() > 0; i++)
+		usleep(50 * 1000);
+	cr_assert_eq(wakeup_holders(), 0, "the server let the dead session's lock go");
+	add("w4", NULL, 0);
+	cr_assert_not(woken_within(r, 300), "nobody armed: no notification");
+
+	/* store_disarm() lets it go without claiming. */
+	cr_assert_eq(store_arm(r), 1);
+	cr_assert_eq(store_disarm(r), 0, "%s", store_errmsg(r));
+	cr_assert_eq(wakeup_holders(), 0);
+	store_free(r);
+	store_free(a);
+}
+
+/* A producer tests the lock when its INSERT ends, not when it commits: one that tested before
+ * the relay armed does not notify. The relay's way round it: after arming, it settles the
+ * watermark (every transaction that held a seq then has ended) before its last claim, which
+ * then sees the row. */
+Test(store, a_producer_that_tested_before_the_arm_is_caught_by_settling)
+{
+	struct store *a = migrated("wake_race");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *producer = connect_pg();
+	struct outbox_message m = {
+		.id = "early", .exchange = "ex", .routing_key = "rk", .body = "x", .body_len = 1
+	};
+	char err[256];
+
+	sql(producer, "BEGIN");
+	cr_assert_eq(outbox_add(producer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
+	cr_assert_eq(store_settle_watermark(r), 1, "the producer is still open");
+	sql(producer, "COMMIT");
+	cr_assert_not(woken_within(r, 300), "it tested before the arm: no notification");
+	cr_assert_eq(store_settle_watermark(r), 0, "%s", store_errmsg(r));
+	cr_assert_str_eq(claim_str(r, true), "early", "the claim after settling sees it");
+	PQfinish(producer);
+	store_free(r);
+	store_free(a);
+}
+
+/* A table migrated by an earlier version has a deferred per-row trigger that reads a flag
+ * table: the relay says it is not current (it then polls), and migrate replaces it. */
+Test(store, migrate_replaces_an_earlier_wakeup_trigger)
+{
+	struct store *a = migrated("wake_old");
+
+	sql(g_admin, "DROP TRIGGER %s_wakeup ON %s", g_table, g_table);
+	sql(g_admin,
+	    "CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s DEFERRABLE INITIALLY DEFERRED"
+	    " FOR EACH ROW EXECUTE FUNCTION %s_wakeup_notify()",
+	    g_table, g_table, g_table);
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert_not(store_wakeup_current(r));
+	store_free(r);
+	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
+	r = open_store(opts_for("relay-2", false));
+	cr_assert(store_wakeup_current(r));
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                     " AND NOT tgisinternal",
+	                     g_table),
+	             1, "one trigger, the new one");
+	cr_assert_eq(store_arm(r), 1);
+	add("n1", NULL, 0);
+	cr_assert(woken_within(r, 15000), "the new trigger notifies");
 	store_free(r);
 	store_free(a);
 }
