@@ -368,6 +368,50 @@ Test(store, claim_in_seq_order_and_writes_lease)
 	store_free(a);
 }
 
+/* relay.batch_max_bytes: a claim takes rows while the bodies before each one sum to less than
+ * the budget (so a row larger than the whole budget still goes, alone), whatever batch_size
+ * allows. */
+Test(store, claim_stops_at_the_byte_budget)
+{
+	struct store *a = migrated("bytes");
+	struct store_batch b;
+	char body[1001], id[16];
+
+	memset(body, 'x', 1000);
+	body[1000] = '\0';
+	for (int i = 0; i < 6; i++) {
+		struct outbox_message m = { .id = id, .exchange = "ex", .routing_key = "rk" };
+		char err[256];
+
+		snprintf(id, sizeof(id), "b%d", i);
+		m.body = body;
+		/* b3 is larger than the whole budget. */
+		m.body_len = i == 3 ? 1000 : 400;
+		cr_assert_eq(outbox_add(g_admin, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s",
+		             err);
+	}
+	struct store_options o = opts_for("relay-bytes", false);
+	o.batch_size = 100;
+	o.batch_max_bytes = 900;
+	struct store *r = open_store(o);
+
+	store_batch_init(&b);
+	/* 0 + 400 + 400 < 900: b0, b1 and b2 (the sum before b3 is 1,200). */
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 3, "claimed %zu rows", b.n);
+	cr_assert_str_eq(b.rows[2].id, "b2");
+	/* b3 alone is over the budget: it still goes, first and alone... */
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1, "claimed %zu rows", b.n);
+	cr_assert_str_eq(b.rows[0].id, "b3");
+	/* ...and the rest fit. */
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 2, "claimed %zu rows", b.n);
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, claim_floor_skips_older_rows_until_cleared)
 {
 	struct store *a = migrated("floor");
