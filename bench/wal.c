@@ -235,6 +235,56 @@ static int by_bytes(const void *a, const void *b)
 	return (x->bytes < y->bytes) - (x->bytes > y->bytes);
 }
 
+/* One row of pg_waldump --stats=record: "Heap/INSERT  N (pct)  rec (pct)  fpi (pct)
+ * combined (pct)" (a percentage may hold spaces: "( 26.57)"). v gets the four counts. */
+static bool parse_stats_row(const char *row, char *name, size_t name_len, unsigned long long v[4])
+{
+	const char *p = row + strspn(row, " \t");
+	size_t k = strcspn(p, " \t");
+	char *end;
+
+	if (k == 0 || k >= name_len)
+		return false;
+	memcpy(name, p, k);
+	name[k] = '\0';
+	p += k;
+	for (int i = 0; i < 4; i++) {
+		p += strspn(p, " \t");
+		if (*p < '0' || *p > '9')
+			return false;
+		errno = 0;
+		v[i] = strtoull(p, &end, 10);
+		if (errno)
+			return false;
+		p = end + strspn(end, " \t");
+		if (*p != '(' || (p = strchr(p, ')')) == NULL)
+			return false;
+		p++;
+	}
+	return true;
+}
+
+/* The end of the range in "WAL statistics between A and B:", or 0 when row is not that
+ * line. */
+static uint64_t stats_range_end(const char *row)
+{
+	static const char head[] = "WAL statistics between ";
+	const char *and;
+	char lsn[32];
+	size_t k;
+
+	if (strncmp(row, head, sizeof(head) - 1) != 0 ||
+	    (and = strstr(row + sizeof(head) - 1, " and ")) == NULL)
+		return 0;
+	and += 5;
+	k = strspn(and, "0123456789ABCDEFabcdef/");
+	if (k == 0 || k >= sizeof(lsn))
+		return 0;
+	memcpy(lsn, and, k);
+	lsn[k] = '\0';
+	return parse_lsn(lsn);
+}
+
 /* Reads pg_waldump --stats=record's rows ("Heap/INSERT  N (pct)  rec (pct)  fpi (pct)
  * combined (pct)") into w->types per message, largest first. None when it printed no rows or
  * stopped before `to` (a segment it could not read: its statistics then cover only part of
@@ -255,22 +305,20 @@ static void parse_dump(const char *text, uint64_t to, long n, struct wal_cost *w
 	while (*line) {
 		const char *eol = strchr(line, '\n');
 		size_t len = eol ? (size_t)(eol - line) : strlen(line);
-		char row[512], name[64], lsn1[32], lsn2[32];
-		unsigned long long cnt, rec, fpi, comb;
-		double p1, p2, p3, p4;
+		char row[512], name[64];
+		unsigned long long v[4]; /* count, record bytes, fpi bytes, combined bytes */
+		uint64_t end;
 
 		snprintf(row, sizeof(row), "%.*s", (int)(len < sizeof(row) ? len : sizeof(row) - 1),
 		         line);
-		if (sscanf(row, "%63s %llu (%lf) %llu (%lf) %llu (%lf) %llu (%lf)", name, &cnt, &p1,
-		           &rec, &p2, &fpi, &p3, &comb, &p4) == 9 &&
-		    strchr(name, '/') && n_all < WAL_MAX_TYPES) {
+		if (parse_stats_row(row, name, sizeof(name), v) && strchr(name, '/') &&
+		    n_all < WAL_MAX_TYPES) {
 			snprintf(all[n_all].name, sizeof(all[n_all].name), "%s", name);
-			all[n_all].count = (double)cnt / (double)n;
-			all[n_all].bytes = (double)comb / (double)n;
+			all[n_all].count = (double)v[0] / (double)n;
+			all[n_all].bytes = (double)v[3] / (double)n;
 			n_all++;
-		} else if (sscanf(row, "WAL statistics between %31s and %31[0-9A-Fa-f/]", lsn1,
-		                  lsn2) == 2) {
-			read_to = parse_lsn(lsn2);
+		} else if ((end = stats_range_end(row)) != 0) {
+			read_to = end;
 		} else if (!err[0] && strstr(row, "error")) {
 			snprintf(err, sizeof(err), "%.150s", row);
 		}
@@ -287,8 +335,8 @@ static void parse_dump(const char *text, uint64_t to, long n, struct wal_cost *w
 
 		format_lsn(read_to, a, sizeof(a));
 		format_lsn(to, z, sizeof(z));
-		snprintf(w->why, sizeof(w->why), "pg_waldump read up to %s of %s only: %s", a, z,
-		         err[0] ? err : "?");
+		snprintf(w->why, sizeof(w->why), "pg_waldump read up to %s of %s only: %.100s", a,
+		         z, err[0] ? err : "?");
 		free(all);
 		return;
 	}
