@@ -86,32 +86,39 @@ static void log_config(const struct config *cfg)
 	free(vals);
 }
 
-static void summary(int64_t *last_pub, uint64_t *last_fail, int64_t *last_ms)
+/* What the last summary line counted from. */
+struct summary_state {
+	int64_t last_pub;
+	uint64_t last_fail;
+	int64_t last_ms;
+};
+
+static void summary(struct summary_state *st)
 {
 	int64_t now = clock_mono_ms();
 	uint64_t pub = atomic_load_explicit(&g_metrics.published, memory_order_relaxed);
 	uint64_t fail = 0;
-	double secs = (double)(now - *last_ms) / 1000.0;
+	double secs = (double)(now - st->last_ms) / 1000.0;
 	bool known = atomic_load(&g_metrics.table_stats_at_ms) != 0;
 
 	for (int i = 0; i < METRICS_FAIL_REASONS; i++)
 		fail += atomic_load_explicit(&g_metrics.failed[i], memory_order_relaxed);
-	if ((int64_t)pub == *last_pub && fail == *last_fail) {
-		*last_ms = now; /* silence when idle */
+	if ((int64_t)pub == st->last_pub && fail == st->last_fail) {
+		st->last_ms = now; /* silence when idle */
 		return;
 	}
 	/* Until the maintenance loop has read the table once, say so rather than print 0. */
 	log_event(
-	        LOG_INFO, "relay", "summary", LOG_UINT("published", pub - (uint64_t)*last_pub),
-	        LOG_UINT("failed", fail - *last_fail),
-	        LOG_RATE("rate", secs > 0 ? (double)(pub - (uint64_t)*last_pub) / secs : 0),
+	        LOG_INFO, "relay", "summary", LOG_UINT("published", pub - (uint64_t)st->last_pub),
+	        LOG_UINT("failed", fail - st->last_fail),
+	        LOG_RATE("rate", secs > 0 ? (double)(pub - (uint64_t)st->last_pub) / secs : 0),
 	        known ? LOG_INT("pending", atomic_load(&g_metrics.pending))
 	              : LOG_STR("pending", "unknown"),
 	        known ? LOG_MS("oldest_pending_age", atomic_load(&g_metrics.oldest_pending_age_ms))
 	              : LOG_STR("oldest_pending_age", "unknown"));
-	*last_pub = (int64_t)pub;
-	*last_fail = fail;
-	*last_ms = now;
+	st->last_pub = (int64_t)pub;
+	st->last_fail = fail;
+	st->last_ms = now;
 }
 
 /* Releases whatever this relay id still holds after the loops stopped (rows claimed but
@@ -214,27 +221,14 @@ static void await_workers(struct worker **workers, int n)
 	}
 }
 
-int command_run(const struct config *cfg, int argc, char **argv)
+/* The self-pipe signals and begin_stop() write to wake every loop, and the shared state reset
+ * for this run. -1 when the pipe cannot be made. */
+static int open_wake_pipe(const struct config *cfg)
 {
-	int nworkers = (int)cfg->relay_workers;
-	struct worker **workers = NULL;
-	pthread_t *threads = NULL;
-	int started = 0;
-	struct maintenance *maint = NULL;
-	struct http_server *http = NULL;
-	char err[256];
-	int64_t last_pub = 0, last_ms = clock_mono_ms();
-	uint64_t last_fail = 0;
-	int rc = 1;
-
-	if (argc > 0) {
-		fprintf(stderr, "outbox-relay: run takes no arguments, got '%s'\n", argv[0]);
-		return 2;
-	}
 	if (pipe(wake_pipe) < 0) {
 		log_event(LOG_ERROR, "relay", "could not create the wake-up pipe",
 		          LOG_STR("error", strerror(errno)));
-		return 1;
+		return -1;
 	}
 	(void)fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC);
 	(void)fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC);
@@ -245,67 +239,148 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	atomic_store(&g_relay.abort_at_ms, 0);
 	atomic_store(&g_relay.db_deadline_ms, 0);
 	atomic_store(&g_relay.failed, 0);
-	if (install_signals() < 0)
-		goto out;
+	return 0;
+}
 
-	{
-		char db[512], mq[512];
+static void close_wake_pipe(void)
+{
+	if (wake_pipe[0] >= 0)
+		close(wake_pipe[0]);
+	if (wake_pipe[1] >= 0)
+		close(wake_pipe[1]);
+	wake_pipe[0] = wake_pipe[1] = -1;
+}
 
-		config_redact(cfg->database_url, db, sizeof(db));
-		config_redact(cfg->amqp_url, mq, sizeof(mq));
-		log_event(LOG_INFO, "relay", "starting outbox-relay",
-		          LOG_STR("version", OUTBOX_VERSION), LOG_STR("relay_id", cfg->relay_id),
-		          LOG_STR("table", cfg->database_table), LOG_STR("database", db),
-		          LOG_STR("broker", mq), LOG_INT("workers", nworkers),
-		          LOG_INT("batch_size", cfg->relay_batch_size),
-		          LOG_STR("http", cfg->http_listen));
-		log_config(cfg);
+/* The start line (every URL redacted) and the effective configuration. */
+static void log_start(const struct config *cfg)
+{
+	char db[512], mq[512];
+
+	config_redact(cfg->database_url, db, sizeof(db));
+	config_redact(cfg->amqp_url, mq, sizeof(mq));
+	log_event(LOG_INFO, "relay", "starting outbox-relay", LOG_STR("version", OUTBOX_VERSION),
+	          LOG_STR("relay_id", cfg->relay_id), LOG_STR("table", cfg->database_table),
+	          LOG_STR("database", db), LOG_STR("broker", mq),
+	          LOG_INT("workers", cfg->relay_workers),
+	          LOG_INT("batch_size", cfg->relay_batch_size), LOG_STR("http", cfg->http_listen));
+	log_config(cfg);
+}
+
+/* The HTTP endpoint when http.listen is set (*out stays NULL otherwise); -1 when it cannot
+ * listen. */
+static int start_http(const struct config *cfg, struct http_server **out)
+{
+	char err[256];
+
+	*out = NULL;
+	if (!cfg->http_listen[0])
+		return 0;
+	*out = http_start(cfg->http_listen, stale_after_ms(cfg), OUTBOX_VERSION, err, sizeof(err));
+	if (!*out) {
+		log_event(LOG_ERROR, "http", "could not start the HTTP endpoint",
+		          LOG_STR("listen", cfg->http_listen), LOG_STR("error", err));
+		return -1;
 	}
+	log_event(LOG_INFO, "http", "serving /healthz /readyz /metrics",
+	          LOG_STR("listen", cfg->http_listen));
+	return 0;
+}
 
-	atomic_store(&g_metrics.workers, nworkers);
-	notify_setup(stale_after_ms(cfg));
-	if (cfg->http_listen[0]) {
-		http = http_start(cfg->http_listen, stale_after_ms(cfg), OUTBOX_VERSION, err,
-		                  sizeof(err));
-		if (!http) {
-			log_event(LOG_ERROR, "http", "could not start the HTTP endpoint",
-			          LOG_STR("listen", cfg->http_listen), LOG_STR("error", err));
-			goto out;
-		}
-		log_event(LOG_INFO, "http", "serving /healthz /readyz /metrics",
-		          LOG_STR("listen", cfg->http_listen));
-	}
+/* The relay loops: one worker and one thread each. */
+struct crew {
+	struct worker **workers;
+	pthread_t *threads;
+	int n, started;
+};
 
-	workers = calloc((size_t)nworkers, sizeof(*workers));
-	threads = calloc((size_t)nworkers, sizeof(*threads));
-	if (!workers || !threads)
-		goto out;
-	for (int i = 0; i < nworkers; i++) {
-		workers[i] = worker_new(&g_relay, i);
-		if (!workers[i])
-			goto out;
+/* Starts c->n loops; -1 when one could not be made or started (those started stay counted in
+ * c->started, for stop_crew()). */
+static int start_crew(struct crew *c)
+{
+	c->workers = calloc((size_t)c->n, sizeof(*c->workers));
+	c->threads = calloc((size_t)c->n, sizeof(*c->threads));
+	if (!c->workers || !c->threads)
+		return -1;
+	for (int i = 0; i < c->n; i++) {
+		c->workers[i] = worker_new(&g_relay, i);
+		if (!c->workers[i])
+			return -1;
 	}
-	for (; started < nworkers; started++) {
-		if (pthread_create(&threads[started], NULL, worker_main, workers[started]) != 0) {
+	for (; c->started < c->n; c->started++) {
+		if (pthread_create(&c->threads[c->started], NULL, worker_main,
+		                   c->workers[c->started]) != 0) {
 			log_event(LOG_ERROR, "relay", "could not start a relay thread");
 			atomic_store(&g_relay.stopping, 1);
-			goto out;
+			return -1;
 		}
 	}
-	maint = maintenance_start(&g_relay);
+	return 0;
+}
 
+/* Waits for the loops to finish (bounded by the shutdown deadlines) and frees them. */
+static void stop_crew(struct crew *c)
+{
+	if (c->started > 0)
+		await_workers(c->workers, c->started);
+	for (int i = 0; i < c->started; i++)
+		pthread_join(c->threads[i], NULL);
+}
+
+static void free_crew(struct crew *c)
+{
+	if (c->workers)
+		for (int i = 0; i < c->n; i++)
+			worker_free(c->workers[i]);
+	free(c->workers);
+	free(c->threads);
+}
+
+/* The main thread while the loops run: readiness and the watchdog four times a second, a
+ * summary line every SUMMARY_INTERVAL_MS, until a signal or a loop stops the relay. */
+static void serve(struct summary_state *sum)
+{
 	while (!atomic_load(&g_relay.stopping)) {
 		struct pollfd p = { .fd = wake_pipe[0], .events = POLLIN };
 
-		/* Four times a second: readiness and the watchdog are reported promptly. */
 		(void)poll(&p, 1, 250);
 		notify_tick();
-		if (clock_mono_ms() - last_ms >= SUMMARY_INTERVAL_MS)
-			summary(&last_pub, &last_fail, &last_ms);
+		if (clock_mono_ms() - sum->last_ms >= SUMMARY_INTERVAL_MS)
+			summary(sum);
 	}
+}
+
+/* Start, serve, and on the way out (a signal, a loop that cannot relay, or a failure to
+ * start) stop in order: the loops finish what is outstanding within relay.shutdown_timeout,
+ * the maintenance loop stops, what is still leased is released, and the endpoint goes last
+ * so that /readyz says so meanwhile. */
+int command_run(const struct config *cfg, int argc, char **argv)
+{
+	struct crew crew = { .n = (int)cfg->relay_workers };
+	struct maintenance *maint = NULL;
+	struct http_server *http = NULL;
+	struct summary_state sum = { .last_ms = clock_mono_ms() };
+	int rc = 1;
+
+	if (argc > 0) {
+		fprintf(stderr, "outbox-relay: run takes no arguments, got '%s'\n", argv[0]);
+		return 2;
+	}
+	if (open_wake_pipe(cfg) < 0)
+		return 1;
+	if (install_signals() < 0)
+		goto out;
+	log_start(cfg);
+	atomic_store(&g_metrics.workers, crew.n);
+	notify_setup(stale_after_ms(cfg));
+	if (start_http(cfg, &http) < 0 || start_crew(&crew) < 0)
+		goto out;
+	maint = maintenance_start(&g_relay);
+	serve(&sum);
 	rc = 0;
 out:
-	if (started > 0 || rc != 0) {
+	/* Branch point: a start-up failure with no loop running stops nothing but what it made;
+	 * otherwise every started loop is waited for, whatever ended the run. */
+	if (crew.started > 0 || rc != 0) {
 		if (rc == 0) {
 			log_event(LOG_INFO, "relay", "stopping: waiting for outstanding confirms",
 			          LOG_MS("timeout", cfg->relay_shutdown_timeout_ms));
@@ -313,30 +388,19 @@ out:
 		}
 		begin_stop(cfg);
 	}
-	if (started > 0)
-		await_workers(workers, started);
-	for (int i = 0; i < started; i++)
-		pthread_join(threads[i], NULL);
+	stop_crew(&crew);
 	if (rc == 0 && atomic_load(&g_relay.failed))
 		rc = 1;
 	maintenance_stop(maint);
-	if (started > 0) {
+	if (crew.started > 0) {
 		release_leases(cfg);
 		if (rc == 0) {
-			summary(&last_pub, &last_fail, &last_ms);
+			summary(&sum);
 			log_event(LOG_INFO, "relay", "stopped");
 		}
 	}
 	http_stop(http);
-	if (workers)
-		for (int i = 0; i < nworkers; i++)
-			worker_free(workers[i]);
-	free(workers);
-	free(threads);
-	if (wake_pipe[0] >= 0)
-		close(wake_pipe[0]);
-	if (wake_pipe[1] >= 0)
-		close(wake_pipe[1]);
-	wake_pipe[0] = wake_pipe[1] = -1;
+	free_crew(&crew);
+	close_wake_pipe();
 	return rc;
 }
