@@ -14,9 +14,9 @@
 
 #include "amqp/base64.h"
 #include "base/json_scan.h"
+#include "base/message_property.h"
+#include "base/text.h"
 #include "base/trace_context.h"
-
-#define NAME_SHOWN 48 /* bytes of a user-supplied name quoted in an error */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
@@ -29,23 +29,6 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
 	vsnprintf(err, errlen, fmt, ap);
 	va_end(ap);
 	return MESSAGE_MAP_INVALID;
-}
-
-/* Copies a user-supplied name for quoting in a one-line error: control bytes become '?' so
- * the line stays one line, and long names are cut with "...". */
-static void shown_name(char *out, size_t n, const char *s, size_t len)
-{
-	size_t o = 0;
-
-	for (size_t i = 0; i < len && o + 4 < n; i++) {
-		if (i == NAME_SHOWN) {
-			memcpy(out + o, "...", 3);
-			o += 3;
-			break;
-		}
-		out[o++] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-	}
-	out[o] = '\0';
 }
 
 /* The common case is "{}": answering it without parsing keeps jansson's allocations off the
@@ -118,11 +101,11 @@ static size_t path_push(struct header_path *p, const char *key, size_t klen, siz
 {
 	size_t old = p->len;
 	size_t room = sizeof(p->text) - p->len;
-	char name[NAME_SHOWN + 8];
+	char name[TEXT_SHOWN_SIZE];
 	int w;
 
 	if (key != NULL) {
-		shown_name(name, sizeof(name), key, klen);
+		text_shown(name, sizeof(name), key, klen);
 		w = snprintf(p->text + p->len, room, "%s%s", p->len == 0 ? "" : ".", name);
 	} else {
 		w = snprintf(p->text + p->len, room, "[%zu]", idx);
@@ -259,139 +242,100 @@ out:
 	return rc;
 }
 
-/* String-valued entries of the properties column and where they go. */
-enum prop_slot { P_CORRELATION_ID, P_REPLY_TO, P_TYPE, P_APP_ID, P_USER_ID, P_CONTENT_ENCODING };
-
-static const struct {
-	const char *name;
-	enum prop_slot slot;
-	amqp_flags_t flag;
-} string_props[] = {
-	{ "correlation_id", P_CORRELATION_ID, AMQP_BASIC_CORRELATION_ID_FLAG },
-	{ "reply_to", P_REPLY_TO, AMQP_BASIC_REPLY_TO_FLAG },
-	{ "type", P_TYPE, AMQP_BASIC_TYPE_FLAG },
-	{ "app_id", P_APP_ID, AMQP_BASIC_APP_ID_FLAG },
-	{ "user_id", P_USER_ID, AMQP_BASIC_USER_ID_FLAG },
-	{ "content_encoding", P_CONTENT_ENCODING, AMQP_BASIC_CONTENT_ENCODING_FLAG },
-};
-
-static amqp_bytes_t *prop_field(amqp_basic_properties_t *p, enum prop_slot slot)
+/* The field and flag of a property that holds a string (base/message_property.h). */
+static amqp_bytes_t *string_field(amqp_basic_properties_t *p, enum message_property_id id,
+                                  amqp_flags_t *flag)
 {
-	switch (slot) {
-	case P_CORRELATION_ID:
+	switch (id) {
+	case MESSAGE_PROPERTY_CORRELATION_ID:
+		*flag = AMQP_BASIC_CORRELATION_ID_FLAG;
 		return &p->correlation_id;
-	case P_REPLY_TO:
+	case MESSAGE_PROPERTY_REPLY_TO:
+		*flag = AMQP_BASIC_REPLY_TO_FLAG;
 		return &p->reply_to;
-	case P_TYPE:
+	case MESSAGE_PROPERTY_TYPE:
+		*flag = AMQP_BASIC_TYPE_FLAG;
 		return &p->type;
-	case P_APP_ID:
+	case MESSAGE_PROPERTY_APP_ID:
+		*flag = AMQP_BASIC_APP_ID_FLAG;
 		return &p->app_id;
-	case P_USER_ID:
+	case MESSAGE_PROPERTY_USER_ID:
+		*flag = AMQP_BASIC_USER_ID_FLAG;
 		return &p->user_id;
-	case P_CONTENT_ENCODING:
+	case MESSAGE_PROPERTY_CONTENT_ENCODING:
+		*flag = AMQP_BASIC_CONTENT_ENCODING_FLAG;
+		return &p->content_encoding;
+	case MESSAGE_PROPERTY_EXPIRATION:
 		break;
+	case MESSAGE_PROPERTY_PRIORITY:
+	case MESSAGE_PROPERTY_DELIVERY_MODE:
+		break; /* not strings: never asked for */
 	}
-	return &p->content_encoding;
-}
-
-static bool all_digits(const char *s, size_t len)
-{
-	if (len == 0)
-		return false;
-	for (size_t i = 0; i < len; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return false;
-	}
-	return true;
-}
-
-/* Whether the decimal digits s[0..len) (leading zeros allowed) denote at most max. */
-static bool digits_at_most(const char *s, size_t len, uint64_t max)
-{
-	uint64_t v = 0;
-
-	for (size_t i = 0; i < len; i++) {
-		uint64_t d = (uint64_t)(s[i] - '0');
-
-		if (v > (max - d) / 10)
-			return false;
-		v = v * 10 + d;
-	}
-	return true;
+	*flag = AMQP_BASIC_EXPIRATION_FLAG;
+	return &p->expiration;
 }
 
 /* "got ..." text for an out-of-range value: the JSON as written, shortened. */
-static void shown_json(json_t *v, char *out, size_t n)
+static void shown_json(const void *arg, char *out, size_t n)
 {
-	char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+	char *s = json_dumps(arg, JSON_ENCODE_ANY | JSON_COMPACT);
 
 	if (s == NULL) {
 		snprintf(out, n, "?");
 		return;
 	}
-	shown_name(out, n, s, strlen(s));
+	text_shown(out, n, s, strlen(s));
 	free(s);
 }
 
+/* One member of the properties column, checked by the rules the producer library checks
+ * with (base/message_property.h), into its field of p. */
 static int map_one_property(const char *key, json_t *v, amqp_pool_t *pool,
                             amqp_basic_properties_t *p, char *err, size_t errlen)
 {
-	char shown[NAME_SHOWN + 8];
+	struct message_property_value val = { .show = shown_json, .show_arg = v };
+	const struct message_property *prop;
+	amqp_flags_t flag;
 
-	if (json_is_null(v))
-		return MESSAGE_MAP_OK; /* serializers write null for "not set" */
-	for (size_t i = 0; i < sizeof(string_props) / sizeof(string_props[0]); i++) {
-		if (strcmp(key, string_props[i].name) != 0)
-			continue;
-		if (!json_is_string(v))
-			return fail(err, errlen, "properties: %s must be a string", key);
-		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
-			return fail(err, errlen, "properties: %s longer than %d bytes", key,
-			            MESSAGE_MAP_MAX_SHORTSTR);
-		if (pool_copy(pool, json_string_value(v), json_string_length(v),
-		              prop_field(p, string_props[i].slot)) != MESSAGE_MAP_OK)
-			return MESSAGE_MAP_NOMEM;
-		p->_flags |= string_props[i].flag;
-		return MESSAGE_MAP_OK;
+	switch (json_typeof(v)) {
+	case JSON_NULL:
+		val.type = MESSAGE_PROPERTY_JSON_NULL;
+		break;
+	case JSON_STRING:
+		val.type = MESSAGE_PROPERTY_JSON_STRING;
+		val.string = json_string_value(v);
+		val.len = json_string_length(v);
+		break;
+	case JSON_INTEGER:
+		val.type = MESSAGE_PROPERTY_JSON_INTEGER;
+		val.integer = (long long)json_integer_value(v);
+		break;
+	default:
+		val.type = MESSAGE_PROPERTY_JSON_OTHER;
+		break;
 	}
-	if (strcmp(key, "expiration") == 0) {
-		/* RabbitMQ closes the channel (406) for anything but a non-negative integer in
-		 * a string, which would blame the whole batch: refuse it here instead. */
-		if (!json_is_string(v) || !all_digits(json_string_value(v), json_string_length(v)))
-			return fail(err, errlen,
-			            "properties: expiration must be a string of digits");
-		if (json_string_length(v) > MESSAGE_MAP_MAX_SHORTSTR)
-			return fail(err, errlen, "properties: expiration longer than %d bytes",
-			            MESSAGE_MAP_MAX_SHORTSTR);
-		if (!digits_at_most(json_string_value(v), json_string_length(v),
-		                    MESSAGE_MAP_MAX_EXPIRATION))
-			return fail(err, errlen, "properties: expiration must be at most %llu",
-			            (unsigned long long)MESSAGE_MAP_MAX_EXPIRATION);
-		if (pool_copy(pool, json_string_value(v), json_string_length(v), &p->expiration) !=
+	if (message_property_check("properties", key, &val, &prop, err, errlen) !=
+	    MESSAGE_PROPERTY_OK)
+		return MESSAGE_MAP_INVALID;
+	if (prop == NULL)
+		return MESSAGE_MAP_OK; /* null: not set */
+	switch (prop->kind) {
+	case MESSAGE_PROPERTY_STRING:
+	case MESSAGE_PROPERTY_MILLISECONDS:
+		if (pool_copy(pool, val.string, val.len, string_field(p, prop->id, &flag)) !=
 		    MESSAGE_MAP_OK)
 			return MESSAGE_MAP_NOMEM;
-		p->_flags |= AMQP_BASIC_EXPIRATION_FLAG;
-		return MESSAGE_MAP_OK;
-	}
-	if (strcmp(key, "priority") == 0) {
-		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 9) {
-			shown_json(v, shown, sizeof(shown));
-			return fail(err, errlen,
-			            "properties: priority must be an integer 0-9, got %s", shown);
-		}
-		p->priority = (uint8_t)json_integer_value(v);
+		p->_flags |= flag;
+		break;
+	case MESSAGE_PROPERTY_PRIORITY_0_9:
+		p->priority = (uint8_t)val.integer;
 		p->_flags |= AMQP_BASIC_PRIORITY_FLAG;
-		return MESSAGE_MAP_OK;
+		break;
+	case MESSAGE_PROPERTY_DELIVERY_1_2:
+		p->delivery_mode = (uint8_t)val.integer;
+		break;
 	}
-	if (strcmp(key, "delivery_mode") == 0) {
-		if (!json_is_integer(v) ||
-		    (json_integer_value(v) != 1 && json_integer_value(v) != 2))
-			return fail(err, errlen, "properties: delivery_mode must be 1 or 2");
-		p->delivery_mode = (uint8_t)json_integer_value(v);
-		return MESSAGE_MAP_OK;
-	}
-	shown_name(shown, sizeof(shown), key, strlen(key));
-	return fail(err, errlen, "properties: unknown property '%s'", shown);
+	return MESSAGE_MAP_OK;
 }
 
 static int map_properties(const char *text, amqp_pool_t *pool, amqp_basic_properties_t *p,
@@ -432,7 +376,7 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
 	amqp_bytes_t b = { 0, NULL };
 	size_t off = 0;
 	size_t len = 0;
-	char shown[NAME_SHOWN + 8];
+	char shown[TEXT_SHOWN_SIZE];
 
 	if (enc == NULL || strcmp(enc, "utf-8") == 0) {
 		b.len = m->body_len;
@@ -441,7 +385,7 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
 		return MESSAGE_MAP_OK;
 	}
 	if (strcmp(enc, "base64") != 0) {
-		shown_name(shown, sizeof(shown), enc, strlen(enc));
+		text_shown(shown, sizeof(shown), enc, strlen(enc));
 		return fail(err, errlen,
 		            "body_encoding: unknown encoding '%s' (allowed: utf-8, base64)", shown);
 	}

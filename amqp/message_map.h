@@ -9,6 +9,7 @@
 #include <amqp.h>
 
 #include "amqp/broker.h"
+#include "base/message_property.h"
 
 enum message_map_err {
 	MESSAGE_MAP_OK = 0,
@@ -16,10 +17,10 @@ enum message_map_err {
 	MESSAGE_MAP_NOMEM = -2,
 };
 
-#define MESSAGE_MAP_MAX_DEPTH      16         /* nested tables/arrays in headers */
-#define MESSAGE_MAP_MAX_KEY        128        /* bytes in a header key */
-#define MESSAGE_MAP_MAX_SHORTSTR   255        /* AMQP short string */
-#define MESSAGE_MAP_MAX_EXPIRATION 4294967295 /* ms; RabbitMQ refuses more (406) */
+#define MESSAGE_MAP_MAX_DEPTH      16  /* nested tables/arrays in headers */
+#define MESSAGE_MAP_MAX_KEY        128 /* bytes in a header key */
+#define MESSAGE_MAP_MAX_SHORTSTR   255 /* AMQP short string */
+#define MESSAGE_MAP_MAX_EXPIRATION MESSAGE_PROPERTY_MAX_EXPIRATION /* ms (406 above) */
 /* What a content header frame adds to its encoded properties: frame header (type, channel,
  * size: 7), class id (2), weight (2), body size (8) and the frame end octet (1). */
 #define MESSAGE_MAP_HEADER_FRAME_OVERHEAD 20
