@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/text.h"
 #include "base/utf8.h"
 #include "store/inbox.h"
+#include "store/liboutbox_private.h"
 #include "store/store_private.h"
 
 #define DEFAULT_TABLE      "inbox"
@@ -22,12 +24,6 @@
 #define PURGE_LIMIT_MAX    10000
 #define SQL_MAX            2048
 #define ERR_LINE_MAX       512
-
-static void set_err(char *errbuf, size_t errlen, const char *msg, const char *detail)
-{
-	if (errbuf && errlen > 0)
-		snprintf(errbuf, errlen, "%s%s%s", msg, detail ? ": " : "", detail ? detail : "");
-}
 
 static bool text_ok(const char *s, long max_chars)
 {
@@ -48,30 +44,31 @@ static int check_args(PGconn *conn, const char **table, const char *message_id,
 	if (!*table)
 		*table = DEFAULT_TABLE;
 	if (!conn) {
-		set_err(errbuf, errlen, "no connection", NULL);
+		liboutbox_set_err(errbuf, errlen, "no connection", NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (!identifier_valid(*table)) {
-		set_err(errbuf, errlen, "invalid table name", *table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name", *table);
 		return INBOX_ERR_INVALID;
 	}
 	/* Message ids and consumer names go as UTF-8: see store_client_encoding_refused(). */
 	if ((message_id || consumer) && (enc = store_client_encoding_refused(conn)) != NULL) {
-		if (errbuf && errlen > 0)
-			snprintf(
-			        errbuf, errlen,
-			        "the connection's client_encoding is %s, but the inbox sends UTF-8:"
-			        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
-			        " PQsetClientEncoding(conn, \"UTF8\"))",
-			        enc);
+		liboutbox_errorf(
+		        errbuf, errlen,
+		        "the connection's client_encoding is %s, but the inbox sends UTF-8:"
+		        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
+		        " PQsetClientEncoding(conn, \"UTF8\"))",
+		        enc);
 		return INBOX_ERR_INVALID;
 	}
 	if (message_id && !text_ok(message_id, ID_MAX_CHARS)) {
-		set_err(errbuf, errlen, "message_id must be 1 to 64 characters of UTF-8", NULL);
+		liboutbox_set_err(errbuf, errlen, "message_id must be 1 to 64 characters of UTF-8",
+		                  NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (consumer && !text_ok(consumer, CONSUMER_MAX_CHARS)) {
-		set_err(errbuf, errlen, "consumer must be 1 to 255 characters of UTF-8", NULL);
+		liboutbox_set_err(errbuf, errlen, "consumer must be 1 to 255 characters of UTF-8",
+		                  NULL);
 		return INBOX_ERR_INVALID;
 	}
 	return 0;
@@ -82,11 +79,13 @@ static int check_claim_args(PGconn *conn, const char **table, const char *messag
                             const char *consumer, char *errbuf, size_t errlen)
 {
 	if (!message_id) {
-		set_err(errbuf, errlen, "message_id must be 1 to 64 characters of UTF-8", NULL);
+		liboutbox_set_err(errbuf, errlen, "message_id must be 1 to 64 characters of UTF-8",
+		                  NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (!consumer) {
-		set_err(errbuf, errlen, "consumer must be 1 to 255 characters of UTF-8", NULL);
+		liboutbox_set_err(errbuf, errlen, "consumer must be 1 to 255 characters of UTF-8",
+		                  NULL);
 		return INBOX_ERR_INVALID;
 	}
 	return check_args(conn, table, message_id, consumer, errbuf, errlen);
@@ -112,12 +111,8 @@ static int query_error(PGconn *conn, const PGresult *res, const char *what, char
 		         PQresStatus(PQresultStatus(res)));
 	else
 		snprintf(line, sizeof(line), "no result");
-	for (char *c = line; *c; c++)
-		if (*c == '\n' || *c == '\r')
-			*c = ' ';
-	for (size_t n = strlen(line); n > 0 && line[n - 1] == ' '; n--)
-		line[n - 1] = '\0';
-	set_err(errbuf, errlen, what, line);
+	text_one_line(line);
+	liboutbox_set_err(errbuf, errlen, what, line);
 	return INBOX_ERR_QUERY;
 }
 
@@ -221,7 +216,8 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 	if (rc != 0)
 		return rc;
 	if (!identifier_table_name_valid(table)) {
-		set_err(errbuf, errlen,
+		liboutbox_set_err(
+		        errbuf, errlen,
 		        "invalid table name (the name after any schema is at most 51 bytes)",
 		        table);
 		return INBOX_ERR_INVALID;
@@ -233,13 +229,13 @@ int inbox_migrate(PGconn *conn, const char *table, char *errbuf, size_t errlen)
 		return INBOX_OK;
 	ddl = inbox_schema_sql(table);
 	if (!ddl) {
-		set_err(errbuf, errlen, "out of memory", NULL);
+		liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
 		return INBOX_ERR_NOMEM;
 	}
 	len = strlen(ddl) + strlen(table) + 192;
 	sql = malloc(len);
 	if (!sql) {
-		set_err(errbuf, errlen, "out of memory", NULL);
+		liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
 		rc = INBOX_ERR_NOMEM;
 		goto out;
 	}
@@ -319,11 +315,11 @@ int inbox_claim(PGconn *conn, const char *table, const char *message_id, const c
 	if (rc != 0)
 		return rc;
 	if (lease_ms < 1 || lease_ms > LEASE_MAX_MS) {
-		set_err(errbuf, errlen, "lease_ms must be 1 to 604800000 (7 days)", NULL);
+		liboutbox_set_err(errbuf, errlen, "lease_ms must be 1 to 604800000 (7 days)", NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (!build_sql(sql, sizeof(sql), claim_fmt, table, table)) {
-		set_err(errbuf, errlen, "invalid table name (too long)", table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name (too long)", table);
 		return INBOX_ERR_INVALID;
 	}
 	snprintf(lease, sizeof(lease), "%lld", (long long)lease_ms);
@@ -353,7 +349,7 @@ int inbox_claim(PGconn *conn, const char *table, const char *message_id, const c
 	PQclear(res);
 	res = NULL;
 	if (!build_sql(sql, sizeof(sql), claim_recheck_fmt, table)) {
-		set_err(errbuf, errlen, "invalid table name (too long)", table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name (too long)", table);
 		rc = INBOX_ERR_INVALID;
 		goto out;
 	}
@@ -407,7 +403,7 @@ static int change_own_row(PGconn *conn, const char *table, const char *message_i
 		                  table);
 	}
 	if (!built) {
-		set_err(errbuf, errlen, "invalid table name (too long)", table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name (too long)", table);
 		return INBOX_ERR_INVALID;
 	}
 	res = PQexecParams(conn, sql, 2, NULL, params, NULL, NULL, 0);
@@ -476,15 +472,16 @@ int64_t inbox_purge(PGconn *conn, const char *table, int64_t retention_ms, int l
 	if (err != 0)
 		return err;
 	if (retention_ms < 0 || retention_ms > RETENTION_MAX_MS) {
-		set_err(errbuf, errlen, "retention_ms must be 0 to 315360000000 (3650 days)", NULL);
+		liboutbox_set_err(errbuf, errlen,
+		                  "retention_ms must be 0 to 315360000000 (3650 days)", NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (limit < 1 || limit > PURGE_LIMIT_MAX) {
-		set_err(errbuf, errlen, "limit must be 1 to 10000", NULL);
+		liboutbox_set_err(errbuf, errlen, "limit must be 1 to 10000", NULL);
 		return INBOX_ERR_INVALID;
 	}
 	if (!build_sql(sql, sizeof(sql), purge_fmt, table, table, table)) {
-		set_err(errbuf, errlen, "invalid table name (too long)", table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name (too long)", table);
 		return INBOX_ERR_INVALID;
 	}
 	snprintf(age, sizeof(age), "%lld", (long long)retention_ms);
@@ -496,8 +493,8 @@ int64_t inbox_purge(PGconn *conn, const char *table, int64_t retention_ms, int l
 	}
 	rc = row_count(PQcmdTuples(res));
 	if (rc < 0) {
-		set_err(errbuf, errlen, "could not purge the inbox: no row count in the reply",
-		        NULL);
+		liboutbox_set_err(errbuf, errlen,
+		                  "could not purge the inbox: no row count in the reply", NULL);
 		rc = INBOX_ERR_QUERY;
 	}
 out:

@@ -10,8 +10,10 @@
 
 #include "base/json_scan.h"
 #include "base/trace_context.h"
+#include "base/text.h"
 #include "base/utf8.h"
 #include "store/outbox.h"
+#include "store/liboutbox_private.h"
 #include "store/store_private.h"
 
 #define ID_MAX_BYTES   64
@@ -20,12 +22,6 @@
 /* The object and 16 levels below it: the deepest headers the relay maps to AMQP tables
  * (MESSAGE_MAP_MAX_DEPTH); a deeper row would die at publish time. */
 #define JSON_MAX_DEPTH 17
-
-static void set_err(char *errbuf, size_t errlen, const char *msg, const char *detail)
-{
-	if (errbuf && errlen > 0)
-		snprintf(errbuf, errlen, "%s%s%s", msg, detail ? ": " : "", detail ? detail : "");
-}
 
 static bool text_ok(const char *s, long max_chars)
 {
@@ -85,13 +81,12 @@ static int check_json(const char *column, const char *text, jscan_member_fn fn, 
 	int rc = jscan_object(text, strlen(text), JSON_MAX_DEPTH, fn, arg, &res);
 
 	if (rc == JSCAN_NOMEM) {
-		set_err(errbuf, errlen, "out of memory", NULL);
+		liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
 		return OUTBOX_ERR_NOMEM;
 	}
 	if (rc != JSCAN_OK) {
-		if (errbuf && errlen > 0)
-			snprintf(errbuf, errlen, "%s must be a JSON object: %s (at byte %zu)",
-			         column, res.error, res.offset);
+		liboutbox_errorf(errbuf, errlen, "%s must be a JSON object: %s (at byte %zu)",
+		                 column, res.error, res.offset);
 		return OUTBOX_ERR_INVALID;
 	}
 	return 0;
@@ -107,8 +102,7 @@ static int check_trace_header(const char *headers, const struct jscan_member *m,
 	size_t n;
 
 	if (m->kind != JSCAN_STRING) {
-		if (errbuf && errlen > 0)
-			snprintf(errbuf, errlen, "headers_json: %s must be a string", name);
+		liboutbox_errorf(errbuf, errlen, "headers_json: %s must be a string", name);
 		return OUTBOX_ERR_INVALID;
 	}
 	n = jscan_string_copy(headers, m->value_start + 1, m->value_end - 1, value, sizeof(value));
@@ -120,12 +114,11 @@ static int check_trace_header(const char *headers, const struct jscan_member *m,
 		why = parent ? trace_parent_check(value, n, NULL)
 		             : trace_state_check(value, n, NULL);
 	if (why) {
-		if (errbuf && errlen > 0)
-			snprintf(errbuf, errlen,
-			         "headers_json: %s is not valid W3C Trace Context: %s%s", name, why,
-			         parent ? " (00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>,"
-			                  " lowercase)"
-			                : "");
+		liboutbox_errorf(errbuf, errlen,
+		                 "headers_json: %s is not valid W3C Trace Context: %s%s", name, why,
+		                 parent ? " (00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>,"
+		                          " lowercase)"
+		                        : "");
 		return OUTBOX_ERR_INVALID;
 	}
 	return 0;
@@ -141,14 +134,16 @@ static int check_trace(const struct outbox_message *m, const char *headers,
 
 	*add_state = false;
 	if (t->n_parent > 1 || t->n_state > 1) {
-		set_err(errbuf, errlen,
+		liboutbox_set_err(
+		        errbuf, errlen,
 		        "headers_json holds traceparent or tracestate twice (the keys differ in "
 		        "case only)",
 		        NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if ((m->traceparent && t->n_parent) || (m->tracestate && t->n_state)) {
-		set_err(errbuf, errlen,
+		liboutbox_set_err(
+		        errbuf, errlen,
 		        "trace context given twice: both in headers_json and as traceparent or "
 		        "tracestate",
 		        NULL);
@@ -162,21 +157,20 @@ static int check_trace(const struct outbox_message *m, const char *headers,
 		return rc;
 	if (m->traceparent &&
 	    (why = trace_parent_check(m->traceparent, strlen(m->traceparent), NULL)) != NULL) {
-		if (errbuf && errlen > 0)
-			snprintf(errbuf, errlen,
-			         "traceparent is not valid W3C Trace Context: %s (00-<32 hex "
-			         "trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase)",
-			         why);
+		liboutbox_errorf(errbuf, errlen,
+		                 "traceparent is not valid W3C Trace Context: %s (00-<32 hex "
+		                 "trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase)",
+		                 why);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (m->tracestate &&
 	    (why = trace_state_check(m->tracestate, strlen(m->tracestate), &members)) != NULL) {
-		set_err(errbuf, errlen, "tracestate is not valid W3C Trace Context", why);
+		liboutbox_set_err(errbuf, errlen, "tracestate is not valid W3C Trace Context", why);
 		return OUTBOX_ERR_INVALID;
 	}
 	/* The spec lets a reader drop a tracestate that comes without a traceparent. */
 	if ((m->tracestate || t->n_state) && !m->traceparent && !t->n_parent) {
-		set_err(errbuf, errlen, "tracestate without traceparent", NULL);
+		liboutbox_set_err(errbuf, errlen, "tracestate without traceparent", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	*add_state = m->tracestate && members > 0;
@@ -306,41 +300,42 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	if (!table)
 		table = "outbox";
 	if (!conn || !m) {
-		set_err(errbuf, errlen, "no connection or no message", NULL);
+		liboutbox_set_err(errbuf, errlen, "no connection or no message", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!identifier_valid(table)) {
-		set_err(errbuf, errlen, "invalid table name", table);
+		liboutbox_set_err(errbuf, errlen, "invalid table name", table);
 		return OUTBOX_ERR_INVALID;
 	}
 	if ((encoding = store_client_encoding_refused(conn)) != NULL) {
-		if (errbuf && errlen > 0)
-			snprintf(
-			        errbuf, errlen,
-			        "the connection's client_encoding is %s, but outbox_add() sends "
-			        "UTF-8:"
-			        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
-			        " PQsetClientEncoding(conn, \"UTF8\"))",
-			        encoding);
+		liboutbox_errorf(
+		        errbuf, errlen,
+		        "the connection's client_encoding is %s, but outbox_add() sends "
+		        "UTF-8:"
+		        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
+		        " PQsetClientEncoding(conn, \"UTF8\"))",
+		        encoding);
 		return OUTBOX_ERR_INVALID;
 	}
 	id_len = m->id ? strlen(m->id) : 0;
 	if (id_len < 1 || id_len > ID_MAX_BYTES || !text_ok(m->id, -1)) {
-		set_err(errbuf, errlen, "id must be 1 to 64 bytes of UTF-8", NULL);
+		liboutbox_set_err(errbuf, errlen, "id must be 1 to 64 bytes of UTF-8", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->exchange || !text_ok(m->exchange, NAME_MAX_CHARS)) {
-		set_err(errbuf, errlen, "exchange must be set and at most 255 characters", NULL);
+		liboutbox_set_err(errbuf, errlen, "exchange must be set and at most 255 characters",
+		                  NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->routing_key || !text_ok(m->routing_key, NAME_MAX_CHARS)) {
-		set_err(errbuf, errlen, "routing key must be set and at most 255 characters", NULL);
+		liboutbox_set_err(errbuf, errlen,
+		                  "routing key must be set and at most 255 characters", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if ((m->content_type && !text_ok(m->content_type, NAME_MAX_CHARS)) ||
 	    (m->ordering_key && !text_ok(m->ordering_key, NAME_MAX_CHARS))) {
-		set_err(errbuf, errlen, "content type and ordering key are at most 255 characters",
-		        NULL);
+		liboutbox_set_err(errbuf, errlen,
+		                  "content type and ordering key are at most 255 characters", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	headers = m->headers_json ? m->headers_json : "{}";
@@ -350,7 +345,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	    (rc = check_trace(m, headers, &trace, &add_state, errbuf, errlen)))
 		return rc;
 	if (!m->body && m->body_len > 0) {
-		set_err(errbuf, errlen, "body is NULL but body_len is not 0", NULL);
+		liboutbox_set_err(errbuf, errlen, "body is NULL but body_len is not 0", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 
@@ -360,7 +355,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	lengths[3] = (int)m->body_len;
 	formats[3] = 1;
 	if (m->body_len > (size_t)0x3fffffff) {
-		set_err(errbuf, errlen, "body too large", NULL);
+		liboutbox_set_err(errbuf, errlen, "body too large", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->body_encoding) {
@@ -370,7 +365,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 			encoding = "base64";
 			encoded = base64_encode((const unsigned char *)values[3], m->body_len);
 			if (!encoded) {
-				set_err(errbuf, errlen, "out of memory", NULL);
+				liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
 				return OUTBOX_ERR_NOMEM;
 			}
 			values[3] = encoded;
@@ -379,18 +374,19 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	} else if (strcmp(m->body_encoding, "utf-8") == 0) {
 		encoding = "utf-8";
 		if (utf8_chars(values[3], m->body_len) < 0) {
-			set_err(errbuf, errlen, "body is not valid UTF-8 (or holds NUL bytes)",
-			        NULL);
+			liboutbox_set_err(errbuf, errlen,
+			                  "body is not valid UTF-8 (or holds NUL bytes)", NULL);
 			return OUTBOX_ERR_INVALID;
 		}
 	} else if (strcmp(m->body_encoding, "base64") == 0) {
 		encoding = "base64";
 		if (!base64_ok(values[3], m->body_len)) {
-			set_err(errbuf, errlen, "body is not valid base64", NULL);
+			liboutbox_set_err(errbuf, errlen, "body is not valid base64", NULL);
 			return OUTBOX_ERR_INVALID;
 		}
 	} else {
-		set_err(errbuf, errlen, "body_encoding must be \"utf-8\" or \"base64\"", NULL);
+		liboutbox_set_err(errbuf, errlen, "body_encoding must be \"utf-8\" or \"base64\"",
+		                  NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 
@@ -398,7 +394,7 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		traced = headers_with_trace(headers, &trace, m->traceparent,
 		                            add_state ? m->tracestate : NULL);
 		if (!traced) {
-			set_err(errbuf, errlen, "out of memory", NULL);
+			liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
 			rc = OUTBOX_ERR_NOMEM;
 			goto out;
 		}
@@ -427,12 +423,8 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		const char *msg = res ? PQresultErrorMessage(res) : PQerrorMessage(conn);
 		char line[512];
 		snprintf(line, sizeof(line), "%s", msg && msg[0] ? msg : "no result");
-		for (char *c = line; *c; c++)
-			if (*c == '\n' || *c == '\r')
-				*c = ' ';
-		for (size_t n = strlen(line); n > 0 && line[n - 1] == ' '; n--)
-			line[n - 1] = '\0';
-		set_err(errbuf, errlen, "could not insert into the outbox", line);
+		text_one_line(line);
+		liboutbox_set_err(errbuf, errlen, "could not insert into the outbox", line);
 		rc = res ? OUTBOX_ERR_QUERY : OUTBOX_ERR_NOMEM;
 		if (PQstatus(conn) == CONNECTION_BAD)
 			rc = OUTBOX_ERR_QUERY;
