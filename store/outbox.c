@@ -19,6 +19,7 @@
 #define ID_MAX_BYTES   64
 #define NAME_MAX_CHARS 255 /* VARCHAR(255): exchange, routing key, content type, key */
 #define INSERT_SQL_MAX 1024
+#define BODY_MAX_BYTES ((size_t)0x3fffffff) /* 1 GiB - 1: PostgreSQL's largest text value */
 /* The object and 16 levels below it: the deepest headers the relay maps to AMQP tables
  * (MESSAGE_MAP_MAX_DEPTH); a deeper row would die at publish time. */
 #define JSON_MAX_DEPTH 17
@@ -282,23 +283,13 @@ static char *base64_encode(const unsigned char *in, size_t len)
 	return out;
 }
 
-/* conn and m are borrowed; nothing is kept after the call. */
-int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
-               size_t errlen)
+/* Where the row goes: a connection that sends UTF-8 unchanged, and a table name that can be
+ * pasted into SQL. 0 or OUTBOX_ERR_INVALID with errbuf filled in. */
+static int check_target(PGconn *conn, const char *table, const struct outbox_message *m,
+                        char *errbuf, size_t errlen)
 {
-	char sql[INSERT_SQL_MAX], delay[24];
-	const char *values[10];
-	int lengths[10] = { 0 }, formats[10] = { 0 };
-	const char *encoding, *headers;
-	char *encoded = NULL, *traced = NULL;
-	struct trace_keys trace = { 0 };
-	PGresult *res = NULL;
-	bool add_state;
-	size_t id_len;
-	int rc;
+	const char *encoding;
 
-	if (!table)
-		table = "outbox";
 	if (!conn || !m) {
 		liboutbox_set_err(errbuf, errlen, "no connection or no message", NULL);
 		return OUTBOX_ERR_INVALID;
@@ -308,16 +299,26 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		return OUTBOX_ERR_INVALID;
 	}
 	if ((encoding = store_client_encoding_refused(conn)) != NULL) {
-		liboutbox_errorf(
-		        errbuf, errlen,
-		        "the connection's client_encoding is %s, but outbox_add() sends "
-		        "UTF-8:"
-		        " set it to UTF8 (client_encoding=UTF8 in the connection string, or"
-		        " PQsetClientEncoding(conn, \"UTF8\"))",
-		        encoding);
+		liboutbox_errorf(errbuf, errlen,
+		                 "the connection's client_encoding is %s, but outbox_add() sends "
+		                 "UTF-8: set it to UTF8 (client_encoding=UTF8 in the connection "
+		                 "string, or PQsetClientEncoding(conn, \"UTF8\"))",
+		                 encoding);
 		return OUTBOX_ERR_INVALID;
 	}
-	id_len = m->id ? strlen(m->id) : 0;
+	return 0;
+}
+
+/* Everything of m but its body, as the table's columns and the relay will take it: headers is
+ * the headers object m gives ("{}" when none); *trace gets its trace context keys and
+ * *add_state whether m->tracestate is to be stored. 0 or an OUTBOX_ERR_* with errbuf filled
+ * in. */
+static int check_message(const struct outbox_message *m, const char *headers,
+                         struct trace_keys *trace, bool *add_state, char *errbuf, size_t errlen)
+{
+	size_t id_len = m->id ? strlen(m->id) : 0;
+	int rc;
+
 	if (id_len < 1 || id_len > ID_MAX_BYTES || !text_ok(m->id, -1)) {
 		liboutbox_set_err(errbuf, errlen, "id must be 1 to 64 bytes of UTF-8", NULL);
 		return OUTBOX_ERR_INVALID;
@@ -338,79 +339,99 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 		                  "content type and ordering key are at most 255 characters", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
-	headers = m->headers_json ? m->headers_json : "{}";
-	if ((rc = check_json("headers_json", headers, find_trace_keys, &trace, errbuf, errlen)) ||
+	if ((rc = check_json("headers_json", headers, find_trace_keys, trace, errbuf, errlen)) ||
 	    (m->properties_json && (rc = check_json("properties_json", m->properties_json, NULL,
 	                                            NULL, errbuf, errlen))) ||
-	    (rc = check_trace(m, headers, &trace, &add_state, errbuf, errlen)))
+	    (rc = check_trace(m, headers, trace, add_state, errbuf, errlen)))
 		return rc;
+	return 0;
+}
+
+/* The body column as outbox_add() sends it. */
+struct body {
+	const char *data;     /* the bytes, not NUL-terminated (borrowed from m, or encoded) */
+	int len;              /* at most BODY_MAX_BYTES */
+	const char *encoding; /* the body_encoding column: "utf-8" or "base64" */
+	char *encoded;        /* owned (free()): the base64 text data points to, else NULL */
+};
+
+/* m's body as the body and body_encoding columns: given bytes that are not UTF-8 are
+ * base64-encoded (b->encoded), and a given encoding is checked. On success the caller frees
+ * b->encoded; on failure nothing is left to free. 0 or an OUTBOX_ERR_* with errbuf filled
+ * in. */
+static int encode_body(const struct outbox_message *m, struct body *b, char *errbuf, size_t errlen)
+{
 	if (!m->body && m->body_len > 0) {
 		liboutbox_set_err(errbuf, errlen, "body is NULL but body_len is not 0", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
-
-	/* The body goes as a binary-format text parameter: no copy to NUL-terminate it, and
-	 * the server still checks the encoding. */
-	values[3] = m->body ? m->body : "";
-	lengths[3] = (int)m->body_len;
-	formats[3] = 1;
-	if (m->body_len > (size_t)0x3fffffff) {
+	b->data = m->body ? m->body : "";
+	b->len = (int)m->body_len;
+	b->encoded = NULL;
+	if (m->body_len > BODY_MAX_BYTES) {
 		liboutbox_set_err(errbuf, errlen, "body too large", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
 	if (!m->body_encoding) {
-		if (utf8_chars(values[3], m->body_len) >= 0) {
-			encoding = "utf-8";
-		} else {
-			encoding = "base64";
-			encoded = base64_encode((const unsigned char *)values[3], m->body_len);
-			if (!encoded) {
-				liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
-				return OUTBOX_ERR_NOMEM;
-			}
-			values[3] = encoded;
-			lengths[3] = (int)strlen(encoded);
+		if (utf8_chars(b->data, m->body_len) >= 0) {
+			b->encoding = "utf-8";
+			return 0;
 		}
-	} else if (strcmp(m->body_encoding, "utf-8") == 0) {
-		encoding = "utf-8";
-		if (utf8_chars(values[3], m->body_len) < 0) {
+		b->encoding = "base64";
+		b->encoded = base64_encode((const unsigned char *)b->data, m->body_len);
+		if (!b->encoded) {
+			liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
+			return OUTBOX_ERR_NOMEM;
+		}
+		b->data = b->encoded;
+		b->len = (int)strlen(b->encoded);
+		return 0;
+	}
+	if (strcmp(m->body_encoding, "utf-8") == 0) {
+		b->encoding = "utf-8";
+		if (utf8_chars(b->data, m->body_len) < 0) {
 			liboutbox_set_err(errbuf, errlen,
 			                  "body is not valid UTF-8 (or holds NUL bytes)", NULL);
 			return OUTBOX_ERR_INVALID;
 		}
-	} else if (strcmp(m->body_encoding, "base64") == 0) {
-		encoding = "base64";
-		if (!base64_ok(values[3], m->body_len)) {
+		return 0;
+	}
+	if (strcmp(m->body_encoding, "base64") == 0) {
+		b->encoding = "base64";
+		if (!base64_ok(b->data, m->body_len)) {
 			liboutbox_set_err(errbuf, errlen, "body is not valid base64", NULL);
 			return OUTBOX_ERR_INVALID;
 		}
-	} else {
-		liboutbox_set_err(errbuf, errlen, "body_encoding must be \"utf-8\" or \"base64\"",
-		                  NULL);
-		return OUTBOX_ERR_INVALID;
+		return 0;
 	}
+	liboutbox_set_err(errbuf, errlen, "body_encoding must be \"utf-8\" or \"base64\"", NULL);
+	return OUTBOX_ERR_INVALID;
+}
 
-	if (m->traceparent || add_state) {
-		traced = headers_with_trace(headers, &trace, m->traceparent,
-		                            add_state ? m->tracestate : NULL);
-		if (!traced) {
-			liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
-			rc = OUTBOX_ERR_NOMEM;
-			goto out;
-		}
-		headers = traced;
-	}
+/* The one statement outbox_add() sends, with the checked message: OUTBOX_ADDED,
+ * OUTBOX_DUPLICATE, or an OUTBOX_ERR_* with errbuf filled in (the caller's transaction is
+ * then aborted). */
+static int insert_row(PGconn *conn, const char *table, const struct outbox_message *m,
+                      const char *headers, const struct body *b, char *errbuf, size_t errlen)
+{
+	char sql[INSERT_SQL_MAX], delay[24];
+	/* The body goes as a binary-format text parameter: no copy to NUL-terminate it, and
+	 * the server still checks the encoding. */
+	const char *values[10] = { m->id,
+		                   m->exchange,
+		                   m->routing_key,
+		                   b->data,
+		                   b->encoding,
+		                   m->content_type ? m->content_type : "application/json",
+		                   headers,
+		                   m->properties_json ? m->properties_json : "{}",
+		                   m->ordering_key, /* NULL = SQL NULL */
+		                   delay };
+	const int lengths[10] = { [3] = b->len }, formats[10] = { [3] = 1 };
+	PGresult *res;
+	int rc;
 
 	snprintf(delay, sizeof(delay), "%lld", (long long)(m->delay_ms > 0 ? m->delay_ms : 0));
-	values[0] = m->id;
-	values[1] = m->exchange;
-	values[2] = m->routing_key;
-	values[4] = encoding;
-	values[5] = m->content_type ? m->content_type : "application/json";
-	values[6] = headers;
-	values[7] = m->properties_json ? m->properties_json : "{}";
-	values[8] = m->ordering_key; /* NULL = SQL NULL */
-	values[9] = delay;
 	snprintf(sql, sizeof(sql),
 	         "INSERT INTO %s (id, exchange_name, routing_key, body, body_encoding,"
 	         " content_type, headers, properties, ordering_key, available_at)"
@@ -422,18 +443,52 @@ int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, 
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		const char *msg = res ? PQresultErrorMessage(res) : PQerrorMessage(conn);
 		char line[512];
+
 		snprintf(line, sizeof(line), "%s", msg && msg[0] ? msg : "no result");
 		text_one_line(line);
 		liboutbox_set_err(errbuf, errlen, "could not insert into the outbox", line);
 		rc = res ? OUTBOX_ERR_QUERY : OUTBOX_ERR_NOMEM;
 		if (PQstatus(conn) == CONNECTION_BAD)
 			rc = OUTBOX_ERR_QUERY;
-		goto out;
+	} else {
+		rc = strcmp(PQcmdTuples(res), "1") == 0 ? OUTBOX_ADDED : OUTBOX_DUPLICATE;
 	}
-	rc = strcmp(PQcmdTuples(res), "1") == 0 ? OUTBOX_ADDED : OUTBOX_DUPLICATE;
-out:
 	PQclear(res);
-	free(encoded);
+	return rc;
+}
+
+/* conn and m are borrowed; nothing is kept after the call. */
+int outbox_add(PGconn *conn, const char *table, const struct outbox_message *m, char *errbuf,
+               size_t errlen)
+{
+	struct trace_keys trace = { 0 };
+	struct body body = { 0 };
+	const char *headers;
+	char *traced = NULL;
+	bool add_state = false;
+	int rc;
+
+	if (!table)
+		table = "outbox";
+	if ((rc = check_target(conn, table, m, errbuf, errlen)) != 0)
+		return rc;
+	headers = m->headers_json ? m->headers_json : "{}";
+	if ((rc = check_message(m, headers, &trace, &add_state, errbuf, errlen)) != 0 ||
+	    (rc = encode_body(m, &body, errbuf, errlen)) != 0)
+		return rc;
+	if (m->traceparent || add_state) {
+		traced = headers_with_trace(headers, &trace, m->traceparent,
+		                            add_state ? m->tracestate : NULL);
+		if (!traced) {
+			liboutbox_set_err(errbuf, errlen, "out of memory", NULL);
+			rc = OUTBOX_ERR_NOMEM;
+			goto out;
+		}
+		headers = traced;
+	}
+	rc = insert_row(conn, table, m, headers, &body, errbuf, errlen);
+out:
+	free(body.encoded);
 	free(traced);
 	return rc;
 }
