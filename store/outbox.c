@@ -339,6 +339,14 @@ static int check_message(const struct outbox_message *m, const char *headers,
 		                  "content type and ordering key are at most 255 characters", NULL);
 		return OUTBOX_ERR_INVALID;
 	}
+	/* now() + delay would overflow the timestamp or the interval far below INT64_MAX, and a
+	 * statement that fails aborts the caller's transaction. */
+	if (m->delay_ms > OUTBOX_DELAY_MAX_MS) {
+		liboutbox_errorf(errbuf, errlen,
+		                 "delay_ms %lld is above the maximum of %lld (365 days)",
+		                 (long long)m->delay_ms, (long long)OUTBOX_DELAY_MAX_MS);
+		return OUTBOX_ERR_INVALID;
+	}
 	if ((rc = check_json("headers_json", headers, find_trace_keys, trace, errbuf, errlen)) ||
 	    (m->properties_json && (rc = check_json("properties_json", m->properties_json, NULL,
 	                                            NULL, errbuf, errlen))) ||

@@ -50,7 +50,8 @@ struct outbox_message {
 	const char *headers_json;    /* NULL = "{}"; a JSON object */
 	const char *properties_json; /* NULL = "{}"; a JSON object */
 	const char *ordering_key;    /* NULL = no ordering */
-	int64_t delay_ms;            /* > 0: available_at = now() + delay */
+	int64_t delay_ms;            /* > 0: available_at = now() + delay_ms, at most
+	                                OUTBOX_DELAY_MAX_MS; 0 or negative: now */
 	/* W3C Trace Context (https://www.w3.org/TR/trace-context/), NULL = none: stored as the
 	 * headers "traceparent" and "tracestate" (added to headers_json), which the relay
 	 * publishes as AMQP headers of those names and whose trace id it logs. traceparent:
@@ -63,6 +64,11 @@ struct outbox_message {
 	const char *traceparent;
 	const char *tracestate;
 };
+
+/* The longest delay_ms outbox_add() takes: 365 days. A longer one is refused before anything
+ * is sent: it is most likely a unit mistake, and a large enough one would make the INSERT
+ * fail, and with it the caller's transaction. */
+#define OUTBOX_DELAY_MAX_MS (365LL * 24 * 60 * 60 * 1000)
 
 enum outbox_result {
 	OUTBOX_ADDED = 0,        /* a new row was inserted */

@@ -3,6 +3,7 @@
  * INSERT is sent. Each test uses its own table. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,41 @@ Test(producer, all_fields_and_delay)
 	                       " available_at > now() + interval '50 seconds') FROM %s",
 	                       g_table),
 	                 "text/plain|{\"a\": 1}|{\"priority\": 5}|customer-7|aGk=|base64|t");
+}
+
+/* A delay above OUTBOX_DELAY_MAX_MS would make the INSERT fail (now() + the interval out of
+ * range), which aborts the caller's transaction: it is refused before anything is sent, and the
+ * transaction goes on. The maximum itself is taken, and a negative delay means now. */
+Test(producer, delay_above_the_maximum_is_refused_before_the_insert)
+{
+	char err[256] = "";
+	struct outbox_message m = msg("late-1");
+
+	exec_ok("BEGIN");
+	m.delay_ms = OUTBOX_DELAY_MAX_MS + 1;
+	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)), OUTBOX_ERR_INVALID, "%s",
+	             err);
+	cr_assert_str_eq(err,
+	                 "delay_ms 31536000001 is above the maximum of 31536000000 (365 days)");
+	m.delay_ms = INT64_MAX;
+	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)), OUTBOX_ERR_INVALID, "%s",
+	             err);
+	cr_assert(strstr(err, "9223372036854775807"), "%s", err);
+	cr_assert_eq(PQtransactionStatus(g_conn), PQTRANS_INTRANS, "nothing was sent");
+	exec_ok("SELECT 1"); /* the caller's transaction still works */
+
+	m.delay_ms = OUTBOX_DELAY_MAX_MS;
+	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	m = msg("now-1");
+	m.delay_ms = -60000;
+	cr_assert_eq(outbox_add(g_conn, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	exec_ok("COMMIT");
+	cr_assert_str_eq(value("SELECT available_at > now() + interval '364 days' FROM %s"
+	                       " WHERE id = 'late-1'",
+	                       g_table),
+	                 "t");
+	cr_assert_str_eq(value("SELECT available_at <= now() FROM %s WHERE id = 'now-1'", g_table),
+	                 "t");
 }
 
 Test(producer, refuses_bad_messages_without_aborting_the_transaction)
