@@ -5,13 +5,18 @@
  *
  * Without INBOX_DATABASE_URL it remembers the ids it saw in memory (up to 4096, lost on
  * exit). With INBOX_DATABASE_URL set (a libpq conninfo or URI) it deduplicates in PostgreSQL
- * with store/inbox.h, as a real consumer would: it creates the inbox table if it is missing
+ * with <outbox/inbox.h>, as a real consumer would: it creates the inbox table if it is missing
  * (INBOX_TABLE, default "inbox"), and for each delivery, in one transaction, claims the
  * message_id, does the work (here: prints; a real consumer writes its own rows on the same
  * connection), confirms, commits, and only then acks. A message already confirmed is acked
  * and printed as a duplicate; one that another consumer holds is rejected back to the queue
  * (basic.reject, requeue) after a short pause; a database error does the same. Every minute
- * it purges rows past a 7-day retention, a bounded slice at a time. */
+ * it purges rows past a 7-day retention, a bounded slice at a time.
+ *
+ * It is written to be copied: it includes nothing of this tree but the installed
+ * <outbox/inbox.h> and uses rabbitmq-c and libpq directly. The tests and the benchmark share
+ * their own consumer (tests/support/consumer.c), which records every delivery for assertions;
+ * folding the two together would tie the example to the test support code. */
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
@@ -23,7 +28,7 @@
 #include <unistd.h>
 #include <libpq-fe.h>
 
-#include "store/inbox.h"
+#include <outbox/inbox.h>
 
 #define SEEN_MAX 4096
 #define PREFETCH 100 /* unacked deliveries the broker sends ahead */
