@@ -2,18 +2,21 @@
  * connection, inside the caller's transaction. Links against libpq only; everything that
  * could make the server reject the row is checked first, because a failed statement would
  * abort the caller's whole transaction, and so is what the relay could never publish (JSON
- * it cannot read, malformed trace context), which would otherwise die at publish time. */
+ * it cannot read, properties it cannot set, malformed trace context), which would otherwise
+ * die at publish time. */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/json_scan.h"
-#include "base/trace_context.h"
+#include "base/message_property.h"
 #include "base/text.h"
+#include "base/trace_context.h"
 #include "base/utf8.h"
-#include "store/outbox.h"
 #include "store/liboutbox_private.h"
+#include "store/outbox.h"
 #include "store/store_private.h"
 
 #define ID_MAX_BYTES   64
@@ -23,6 +26,9 @@
 /* The object and 16 levels below it: the deepest headers the relay maps to AMQP tables
  * (MESSAGE_MAP_MAX_DEPTH); a deeper row would die at publish time. */
 #define JSON_MAX_DEPTH 17
+/* A key of the properties object longer than this is no property; copied this far, it is
+ * still quoted in the error as the relay quotes it (text_shown() cuts at 48 bytes). */
+#define PROPERTY_KEY_MAX 64
 
 static bool text_ok(const char *s, long max_chars)
 {
@@ -91,6 +97,114 @@ static int check_json(const char *column, const char *text, jscan_member_fn fn, 
 		return OUTBOX_ERR_INVALID;
 	}
 	return 0;
+}
+
+/* What check_property() found: the first member of the properties object the relay would
+ * refuse, with errbuf filled in. */
+struct property_check {
+	int rc; /* 0, OUTBOX_ERR_INVALID or OUTBOX_ERR_NOMEM */
+	char *errbuf;
+	size_t errlen;
+};
+
+/* A member's value as the JSON text holds it, for the "got ..." of an error. */
+struct member_text {
+	const char *text;
+	const struct jscan_member *m;
+};
+
+static void show_member(const void *arg, char *out, size_t n)
+{
+	const struct member_text *t = arg;
+
+	text_shown(out, n, t->text + t->m->value_start, t->m->value_end - t->m->value_start);
+}
+
+/* Whether the number text[start, end) is what jansson, and so the relay, reads as an integer
+ * (no fraction, no exponent), and its value; jscan_object() has checked it fits 64 bits. */
+static bool integer_number(const char *text, size_t start, size_t end, long long *out)
+{
+	char digits[24], *stop;
+	size_t n = end - start;
+	long long v;
+
+	if (n == 0 || n >= sizeof(digits))
+		return false;
+	memcpy(digits, text + start, n);
+	digits[n] = '\0';
+	if (strpbrk(digits, ".eE"))
+		return false;
+	errno = 0;
+	v = strtoll(digits, &stop, 10);
+	if (errno != 0 || *stop != '\0')
+		return false;
+	*out = v;
+	return true;
+}
+
+/* A member of properties_json, checked by the rules the relay maps it by
+ * (base/message_property.h). Always goes on (returns 0): the relay parses the whole text
+ * before it looks at a member, so a JSON error further on is the one to report. */
+static int check_property(const char *text, const struct jscan_member *m, void *arg)
+{
+	struct property_check *c = arg;
+	struct member_text shown = { text, m };
+	struct message_property_value v = { .show = show_member, .show_arg = &shown };
+	char key[PROPERTY_KEY_MAX + 1], value[MESSAGE_PROPERTY_MAX_STRING + 2], *big = NULL;
+	const struct message_property *found;
+
+	if (c->rc != 0)
+		return 0; /* the first problem is the one reported */
+	switch (m->kind) {
+	case JSCAN_NULL:
+		v.type = MESSAGE_PROPERTY_JSON_NULL;
+		break;
+	case JSCAN_STRING:
+		/* Unescaped and whole: an expiration is checked digit by digit before its length. */
+		v.type = MESSAGE_PROPERTY_JSON_STRING;
+		v.string = value;
+		v.len = jscan_string_copy(text, m->value_start + 1, m->value_end - 1, value,
+		                          sizeof(value));
+		if (v.len >= sizeof(value)) {
+			big = malloc(v.len + 1);
+			if (!big) {
+				liboutbox_set_err(c->errbuf, c->errlen, "out of memory", NULL);
+				c->rc = OUTBOX_ERR_NOMEM;
+				return 0;
+			}
+			jscan_string_copy(text, m->value_start + 1, m->value_end - 1, big,
+			                  v.len + 1);
+			v.string = big;
+		}
+		break;
+	case JSCAN_NUMBER:
+		v.type = integer_number(text, m->value_start, m->value_end, &v.integer)
+		                 ? MESSAGE_PROPERTY_JSON_INTEGER
+		                 : MESSAGE_PROPERTY_JSON_OTHER;
+		break;
+	default:
+		v.type = MESSAGE_PROPERTY_JSON_OTHER;
+		break;
+	}
+	jscan_string_copy(text, m->key_start, m->key_end, key, sizeof(key));
+	if (message_property_check("properties_json", key, &v, &found, c->errbuf, c->errlen) !=
+	    MESSAGE_PROPERTY_OK)
+		c->rc = OUTBOX_ERR_INVALID;
+	free(big);
+	return 0;
+}
+
+/* properties_json (NULL = none): a JSON object the relay reads, holding only properties it
+ * can set. 0 or an OUTBOX_ERR_* with errbuf filled in. */
+static int check_properties(const char *properties, char *errbuf, size_t errlen)
+{
+	struct property_check c = { 0, errbuf, errlen };
+	int rc;
+
+	if (!properties)
+		return 0;
+	rc = check_json("properties_json", properties, check_property, &c, errbuf, errlen);
+	return rc != 0 ? rc : c.rc;
 }
 
 /* A trace context member of headers_json: a string holding a valid traceparent (parent) or
@@ -348,8 +462,7 @@ static int check_message(const struct outbox_message *m, const char *headers,
 		return OUTBOX_ERR_INVALID;
 	}
 	if ((rc = check_json("headers_json", headers, find_trace_keys, trace, errbuf, errlen)) ||
-	    (m->properties_json && (rc = check_json("properties_json", m->properties_json, NULL,
-	                                            NULL, errbuf, errlen))) ||
+	    (rc = check_properties(m->properties_json, errbuf, errlen)) ||
 	    (rc = check_trace(m, headers, trace, add_state, errbuf, errlen)))
 		return rc;
 	return 0;

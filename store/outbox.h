@@ -36,7 +36,12 @@ extern "C" {
 #endif
 #endif
 
-/* One message. All pointers are borrowed for the duration of outbox_add(). */
+/* One message. All pointers are borrowed for the duration of outbox_add().
+ * properties_json sets the AMQP properties the relay publishes with: correlation_id, reply_to,
+ * type, app_id, user_id and content_encoding (strings of at most 255 bytes), expiration (ms as
+ * a string of digits, at most "4294967295"), priority (an integer 0-9) and delivery_mode (1 or
+ * 2; the relay sends 2, persistent, when unset). A member whose value is null is not set; any
+ * other member is refused, as the relay would refuse it. */
 struct outbox_message {
 	const char *id;          /* required, 1..64 bytes; becomes the AMQP message_id */
 	const char *exchange;    /* required; "" is the default exchange */
@@ -48,7 +53,7 @@ struct outbox_message {
 	                              "base64": body is stored as given (base64 = already encoded). */
 	const char *content_type;    /* NULL = "application/json" */
 	const char *headers_json;    /* NULL = "{}"; a JSON object */
-	const char *properties_json; /* NULL = "{}"; a JSON object */
+	const char *properties_json; /* NULL = "{}"; a JSON object of AMQP properties (above) */
 	const char *ordering_key;    /* NULL = no ordering */
 	int64_t delay_ms;            /* > 0: available_at = now() + delay_ms, at most
 	                                OUTBOX_DELAY_MAX_MS; 0 or negative: now */
@@ -86,9 +91,13 @@ enum outbox_result {
  * convert them: its client_encoding must be UTF8 (or SQL_ASCII, which converts nothing);
  * any other is refused before anything is sent. headers_json and properties_json must be
  * JSON objects the relay can read: valid JSON (UTF-8, no duplicate key in any object,
- * integers within 64 bits), nested at most 16 levels below the object. On error writes one
- * line to errbuf (if errlen > 0). conn is borrowed; its transaction state is left to the
- * caller. */
+ * integers within 64 bits), nested at most 16 levels below the object; properties_json
+ * holds only properties the relay can set (see struct outbox_message), checked in the words
+ * the relay would use, e.g. "properties_json: priority must be an integer 0-9, got 12".
+ * delay_ms is at most OUTBOX_DELAY_MAX_MS. A message refused for any of these gets
+ * OUTBOX_ERR_INVALID before anything is sent, so the caller's transaction goes on. On error
+ * writes one line to errbuf (if errlen > 0). conn is borrowed; its transaction state is left
+ * to the caller. */
 OUTBOX_MUST_CHECK OUTBOX_API int outbox_add(PGconn *conn, const char *table,
                                             const struct outbox_message *m, char *errbuf,
                                             size_t errlen);
