@@ -2,11 +2,14 @@
  * producer library on a connection of its own (its own transaction: the message commits
  * alone). The library checks the message, trace context included; a message it refuses
  * exits 2 like any other usage error. */
+#include <errno.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/message_property.h"
 #include "relay/command.h"
 #include "relay/relay.h"
 #include "store/outbox.h"
@@ -22,11 +25,13 @@ struct enqueue_args {
 };
 
 /* "k=v" into obj; returns -1 when there is no '='. */
-static int add_pair(json_t *obj, const char *kv)
+static int add_pair(json_t *obj, const char *kv, bool property)
 {
 	const char *eq = strchr(kv, '=');
-	char key[256];
+	const struct message_property *p;
+	char key[256], *end;
 	size_t klen;
+	long long n;
 
 	if (!eq || eq == kv)
 		return -1;
@@ -35,6 +40,19 @@ static int add_pair(json_t *obj, const char *kv)
 		return -1;
 	memcpy(key, kv, klen);
 	key[klen] = '\0';
+	/* priority and delivery_mode are integers in the properties column: digits given for
+	 * them go in as a number (anything else as a string, which outbox_add then refuses with
+	 * the property's rule). */
+	p = property ? message_property_find(key) : NULL;
+	if (p &&
+	    (p->kind == MESSAGE_PROPERTY_PRIORITY_0_9 ||
+	     p->kind == MESSAGE_PROPERTY_DELIVERY_1_2) &&
+	    eq[1] >= '0' && eq[1] <= '9') {
+		errno = 0;
+		n = strtoll(eq + 1, &end, 10);
+		if (errno == 0 && *end == '\0')
+			return json_object_set_new(obj, key, json_integer((json_int_t)n));
+	}
 	return json_object_set_new(obj, key, json_string(eq + 1));
 }
 
@@ -71,7 +89,7 @@ static int parse_args(int argc, char **argv, struct enqueue_args *a)
 		} else if (strcmp(o, "--body-file") == 0) {
 			a->body_file = v;
 		} else if (strcmp(o, "--header") == 0 || strcmp(o, "--property") == 0) {
-			if (add_pair(o[2] == 'h' ? a->headers : a->props, v) < 0) {
+			if (add_pair(o[2] == 'h' ? a->headers : a->props, v, o[2] == 'p') < 0) {
 				fprintf(stderr,
 				        "outbox-relay: enqueue: %s wants key=value, got '%s'\n", o,
 				        v);
