@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/redact.h"
+#include "base/text.h"
 #include "store/store_private.h"
 
 /* The longest single poll(): progress_ms is refreshed at least this often while waiting. */
@@ -35,7 +36,6 @@ int store_parse_int64(const char *v, int64_t *out)
 void store_set_line(struct store *s, const char *prefix, const char *text)
 {
 	char tmp[STORE_ERRMSG_MAX];
-	size_t n;
 
 	/* Truncation is fine here (the message stays one readable line); checking the result
 	 * also tells -Wformat-truncation that it was considered. */
@@ -45,12 +45,7 @@ void store_set_line(struct store *s, const char *prefix, const char *text)
 	/* libpq echoes parts of the connection string in its errors (a password with a bad
 	 * percent escape comes back whole): scrub every secret the string holds. */
 	redact_message(tmp, s->opts.conninfo ? s->opts.conninfo : "", s->errmsg, sizeof(s->errmsg));
-	for (char *c = s->errmsg; *c; c++)
-		if (*c == '\n' || *c == '\r' || *c == '\t')
-			*c = ' ';
-	n = strlen(s->errmsg);
-	while (n > 0 && s->errmsg[n - 1] == ' ')
-		s->errmsg[--n] = '\0';
+	text_one_line(s->errmsg);
 }
 
 void store_set_error(struct store *s, const char *fmt, ...)
