@@ -102,19 +102,6 @@ static bool logged_both(struct fixture *f, const char *a, const char *b)
 	return found;
 }
 
-static double sample(const char *text, const char *series)
-{
-	size_t n = strlen(series);
-	const char *p = text;
-
-	while ((p = strstr(p, series)) != NULL) {
-		if ((p == text || p[-1] == '\n') && p[n] == ' ')
-			return strtod(p + n + 1, NULL);
-		p += n;
-	}
-	return -1;
-}
-
 static bool ready(void *arg)
 {
 	struct probe_reply r = probe_get(arg, "/readyz");
@@ -196,7 +183,7 @@ Test(fault, database_turns_read_only, .timeout = 600, .fini = restore_writable)
 	cr_assert(ready(listen), "/readyz never answered 200 again");
 	reply = probe_get(listen, "/metrics");
 	cr_assert_eq(reply.status, 200, "/metrics answered %d", reply.status);
-	cr_assert_eq(sample(reply.body, "outbox_relay_database_up"), 1, "%s", reply.body);
+	cr_assert_eq(probe_metric(reply.body, "outbox_relay_database_up"), 1, "%s", reply.body);
 	free(reply.body);
 
 	fault_expect_settled(&f, 10, 60000);

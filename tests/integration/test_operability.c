@@ -66,20 +66,6 @@ static void wait_ready(struct op *t)
 	}
 }
 
-/* The value of the sample whose name (with labels) is exactly series; -1 when absent. */
-static double sample(const char *text, const char *series)
-{
-	size_t n = strlen(series);
-	const char *p = text;
-
-	while ((p = strstr(p, series)) != NULL) {
-		if ((p == text || p[-1] == '\n') && p[n] == ' ')
-			return strtod(p + n + 1, NULL);
-		p += n;
-	}
-	return -1;
-}
-
 static char *scrape(struct op *t)
 {
 	struct probe_reply r = probe_get(t->listen, "/metrics");
@@ -99,13 +85,13 @@ static bool settled(void *arg)
 {
 	struct settle *s = arg;
 	char *m = scrape(s->t);
-	bool ok = sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
-	          sample(m, "outbox_relay_dead_rows") == 1 &&
-	          sample(m, "outbox_relay_pending_rows") == 0 &&
-	          sample(m, "outbox_relay_published_total") ==
+	bool ok = probe_metric(m, "outbox_relay_failed_total{reason=\"unroutable\"}") >= 1 &&
+	          probe_metric(m, "outbox_relay_dead_rows") == 1 &&
+	          probe_metric(m, "outbox_relay_pending_rows") == 0 &&
+	          probe_metric(m, "outbox_relay_published_total") ==
 	                  (double)consumer_received(s->t->fx.cons);
 
-	s->published = sample(m, "outbox_relay_published_total");
+	s->published = probe_metric(m, "outbox_relay_published_total");
 	free(m);
 	return ok;
 }
@@ -134,22 +120,23 @@ Test(operability, metrics_match_what_was_delivered, .timeout = 300)
 		               consumer_received(t.fx.cons), s.published, m);
 	}
 	m = scrape(&t);
-	cr_assert_eq(sample(m, "outbox_relay_published_total"),
+	cr_assert_eq(probe_metric(m, "outbox_relay_published_total"),
 	             (double)consumer_received(t.fx.cons));
-	cr_assert_eq(sample(m, "outbox_relay_published_total"), ROWS, "%s", m);
-	cr_assert_geq(sample(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 1, "%s", m);
-	cr_assert_geq(sample(m, "outbox_relay_claimed_total"), ROWS + 1, "%s", m);
-	cr_assert_geq(sample(m, "outbox_relay_dead_total"), 1, "%s", m);
-	cr_assert_gt(sample(m, "outbox_relay_batch_duration_seconds_count"), 0, "%s", m);
-	cr_assert_gt(sample(m, "outbox_relay_confirm_latency_seconds_count"), 0, "%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_batch_duration_seconds_bucket{le=\"+Inf\"}"),
-	             sample(m, "outbox_relay_batch_duration_seconds_count"), "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_published_total"), ROWS, "%s", m);
+	cr_assert_geq(probe_metric(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 1, "%s",
+	              m);
+	cr_assert_geq(probe_metric(m, "outbox_relay_claimed_total"), ROWS + 1, "%s", m);
+	cr_assert_geq(probe_metric(m, "outbox_relay_dead_total"), 1, "%s", m);
+	cr_assert_gt(probe_metric(m, "outbox_relay_batch_duration_seconds_count"), 0, "%s", m);
+	cr_assert_gt(probe_metric(m, "outbox_relay_confirm_latency_seconds_count"), 0, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_batch_duration_seconds_bucket{le=\"+Inf\"}"),
+	             probe_metric(m, "outbox_relay_batch_duration_seconds_count"), "%s", m);
 	cr_assert_not_null(strstr(m, "\noutbox_relay_build_info{version=\""), "%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_database_up"), 1, "%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_broker_up"), 1, "%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_dead_rows"), 1, "%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_pending_rows"), 0, "%s", m);
-	cr_assert_geq(sample(m, "outbox_relay_oldest_pending_age_seconds"), 0, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_database_up"), 1, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_broker_up"), 1, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_dead_rows"), 1, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_pending_rows"), 0, "%s", m);
+	cr_assert_geq(probe_metric(m, "outbox_relay_oldest_pending_age_seconds"), 0, "%s", m);
 	free(m);
 	cr_assert_eq(harness_pg_int(t.fx.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL "

@@ -87,21 +87,6 @@ static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, co
 
 /* ---- what the relay shows ---- */
 
-/* The value of the sample named exactly series (labels included) in a /metrics text; -1 when
- * there is none. */
-static double metric(const char *text, const char *series)
-{
-	size_t n = strlen(series);
-	const char *p = text;
-
-	while ((p = strstr(p, series)) != NULL) {
-		if ((p == text || p[-1] == '\n') && p[n] == ' ')
-			return strtod(p + n + 1, NULL);
-		p += n;
-	}
-	return -1;
-}
-
 static char *scrape(const char *listen)
 {
 	struct probe_reply r = probe_get(listen, "/metrics");
@@ -267,10 +252,11 @@ Test(relay_nacks, nacked_rows_are_never_charged_and_go_out_once_the_broker_takes
 		             MAX_ATTEMPTS);
 	}
 	m = scrape(listen);
-	nacked = metric(m, "outbox_relay_failed_total{reason=\"nacked\"}");
+	nacked = probe_metric(m, "outbox_relay_failed_total{reason=\"nacked\"}");
 	cr_assert_geq(nacked, ROWS * (MAX_ATTEMPTS + 1), "nacks not counted:\n%s", m);
-	cr_assert_eq(metric(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 0, "%s", m);
-	cr_assert_eq(metric(m, "outbox_relay_dead_total"), 0, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_failed_total{reason=\"unroutable\"}"), 0, "%s",
+	             m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_dead_total"), 0, "%s", m);
 	free(m);
 	cr_assert(fixture_logged(&fx, "broker refused most of the batch, backing off"),
 	          "the log does not say the broker refused the batch");

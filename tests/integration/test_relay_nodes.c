@@ -41,20 +41,6 @@ static void node_url(char *out, size_t n, int port)
 	free(buf);
 }
 
-/* The value of the sample whose name (with labels) is exactly series; -1 when absent. */
-static double sample(const char *text, const char *series)
-{
-	size_t n = strlen(series);
-	const char *p = text;
-
-	while ((p = strstr(p, series)) != NULL) {
-		if ((p == text || p[-1] == '\n') && p[n] == ' ')
-			return strtod(p + n + 1, NULL);
-		p += n;
-	}
-	return -1;
-}
-
 static char *scrape(const struct nodes *t)
 {
 	struct probe_reply r = probe_get(t->listen, "/metrics");
@@ -68,7 +54,7 @@ static double node_info(const char *metrics, const char *node)
 	char series[128];
 
 	snprintf(series, sizeof(series), "outbox_relay_broker_node_info{node=\"%s\"}", node);
-	return sample(metrics, series);
+	return probe_metric(metrics, series);
 }
 
 /* Which node /readyz names (0 or 1), -1 when it is not ready or names neither. */
@@ -203,7 +189,7 @@ Test(relay_nodes, a_dropped_node_moves_the_relay_to_the_other, .timeout = 600)
 	cr_assert(log_line_has(t.relay, "to=broker", server),
 	          "the log does not name the first node %s", t.node[used]);
 	m = scrape(&t);
-	failovers = sample(m, "outbox_relay_broker_failovers_total");
+	failovers = probe_metric(m, "outbox_relay_broker_failovers_total");
 	cr_assert_geq(failovers, 0, "no outbox_relay_broker_failovers_total in /metrics:\n%s", m);
 	free(m);
 
@@ -216,9 +202,9 @@ Test(relay_nodes, a_dropped_node_moves_the_relay_to_the_other, .timeout = 600)
 	wait_on_node(&t, other, "after the node went away");
 	cr_assert_geq(proxy_live(t.p[other]), 1, "the relay does not use the node it names");
 	m = scrape(&t);
-	cr_assert_geq(sample(m, "outbox_relay_broker_failovers_total"), failovers + 1,
+	cr_assert_geq(probe_metric(m, "outbox_relay_broker_failovers_total"), failovers + 1,
 	              "the failover was not counted:\n%s", m);
-	cr_assert_eq(sample(m, "outbox_relay_broker_up"), 1, "%s", m);
+	cr_assert_eq(probe_metric(m, "outbox_relay_broker_up"), 1, "%s", m);
 	free(m);
 	snprintf(server, sizeof(server), "server=%s", t.node[other]);
 	if (!log_line_has(t.relay, "msg=\"reconnected\" to=broker", server))

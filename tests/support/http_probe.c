@@ -155,3 +155,16 @@ struct probe_reply probe_get(const char *listen, const char *path)
 	/* A relay that accepts but never answers must not hang the test. */
 	return probe_get_within(listen, path, 10000);
 }
+
+double probe_metric(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+	const char *p = text;
+
+	while ((p = strstr(p, series)) != NULL) {
+		if ((p == text || p[-1] == '\n') && p[n] == ' ')
+			return strtod(p + n + 1, NULL);
+		p += n;
+	}
+	return -1;
+}

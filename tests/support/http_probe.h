@@ -32,4 +32,8 @@ struct probe_reply probe_raw(const char *listen, const char *req, size_t len, in
  * connect within timeout_ms. The caller closes it. */
 int probe_connect(const char *listen, const char *src, int timeout_ms);
 
+/* The value of the sample whose name (labels included) is exactly series in a /metrics text;
+ * -1 when there is none. */
+double probe_metric(const char *text, const char *series);
+
 #endif
