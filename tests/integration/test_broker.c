@@ -16,6 +16,7 @@
 #include "amqp/broker.h"
 #include "amqp/broker_testing.h"
 #include "amqp/message_map.h"
+#include "tests/support/amqp_admin.h"
 
 /* ---- a small rabbitmq-c admin/consumer connection for the test itself ---- */
 
@@ -33,52 +34,6 @@ static void unique(char *buf, size_t n, const char *what)
 
 	snprintf(buf, n, "broker_test_%s_%ld_%u_%ld", what, (long)getpid(), ++counter,
 	         random() % 100000);
-}
-
-static void check_reply(amqp_connection_state_t c, const char *what)
-{
-	amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
-
-	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "%s failed (reply type %d)", what,
-	             (int)r.reply_type);
-}
-
-static amqp_connection_state_t admin_open(void)
-{
-	char *url = strdup(amqp_url_env());
-	struct amqp_connection_info ci;
-	amqp_connection_state_t c = amqp_new_connection();
-	amqp_socket_t *s = amqp_tcp_socket_new(c);
-	amqp_rpc_reply_t r;
-
-	cr_assert_not_null(url);
-	cr_assert_eq(amqp_parse_url(url, &ci), AMQP_STATUS_OK);
-	cr_assert_eq(amqp_socket_open(s, ci.host, ci.port), AMQP_STATUS_OK,
-	             "RabbitMQ at RELAY_TEST_AMQP is unreachable");
-	r = amqp_login(c, ci.vhost[0] ? ci.vhost : "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-	               ci.user, ci.password);
-	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "admin login failed");
-	amqp_channel_open(c, 1);
-	check_reply(c, "channel.open");
-	free(url);
-	return c;
-}
-
-static void admin_close(amqp_connection_state_t c)
-{
-	(void)amqp_channel_close(c, 1, AMQP_REPLY_SUCCESS);
-	(void)amqp_connection_close(c, AMQP_REPLY_SUCCESS);
-	amqp_destroy_connection(c);
-}
-
-static void declare_queue(amqp_connection_state_t c, const char *q, const char *exchange,
-                          const char *key, amqp_table_t args)
-{
-	amqp_queue_declare(c, 1, amqp_cstring_bytes(q), 0, 0, 0, 0, args);
-	check_reply(c, "queue.declare");
-	amqp_queue_bind(c, 1, amqp_cstring_bytes(q), amqp_cstring_bytes(exchange),
-	                amqp_cstring_bytes(key), amqp_empty_table);
-	check_reply(c, "queue.bind");
 }
 
 /* Takes the next message from q (NULL when the queue is empty). Caller destroys it. */
@@ -150,13 +105,13 @@ static struct broker_options opts;
 static void setup(void)
 {
 	srandom((unsigned)getpid());
-	admin = admin_open();
+	admin = amqp_admin_open();
 	unique(exchange, sizeof(exchange), "ex");
 	unique(queue, sizeof(queue), "q");
 	amqp_exchange_declare(admin, 1, amqp_cstring_bytes(exchange), amqp_cstring_bytes("direct"),
 	                      0, 0, 0, 0, amqp_empty_table);
-	check_reply(admin, "exchange.declare");
-	declare_queue(admin, queue, exchange, "k", amqp_empty_table);
+	amqp_admin_check(admin, "exchange.declare");
+	amqp_admin_queue(admin, queue, exchange, "k", false, amqp_empty_table);
 
 	memset(&opts, 0, sizeof(opts));
 	opts.url = amqp_url_env();
@@ -178,7 +133,7 @@ static void teardown(void)
 		return; /* setup failed before connecting: nothing was declared */
 	amqp_queue_delete(admin, 1, amqp_cstring_bytes(queue), 0, 0);
 	amqp_exchange_delete(admin, 1, amqp_cstring_bytes(exchange), 0);
-	admin_close(admin);
+	amqp_admin_close(admin);
 }
 
 static struct broker_message msg(const char *id, const char *ex, const char *key, const char *body)
@@ -432,7 +387,7 @@ Test(broker, full_queue_with_reject_publish_nacks)
 	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
 	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
 	unique(full, sizeof(full), "full");
-	declare_queue(admin, full, exchange, "full", args);
+	amqp_admin_queue(admin, full, exchange, "full", false, args);
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_ACKED);
@@ -441,7 +396,7 @@ Test(broker, full_queue_with_reject_publish_nacks)
 		cr_assert_str_eq(res[i].error, "nacked by broker");
 	}
 	amqp_queue_delete(admin, 1, amqp_cstring_bytes(full), 0, 0);
-	check_reply(admin, "queue.delete");
+	amqp_admin_check(admin, "queue.delete");
 }
 
 Test(broker, invalid_rows_are_not_sent)
@@ -787,7 +742,7 @@ Test(broker, many_nacks_are_each_reported)
 	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
 	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
 	unique(full, sizeof(full), "full");
-	declare_queue(admin, full, exchange, "full", args);
+	amqp_admin_queue(admin, full, exchange, "full", false, args);
 	for (size_t i = 0; i < N; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "nacks-%zu", i);
 		m[i] = msg(ids[i], exchange, "full", "x");
@@ -799,7 +754,7 @@ Test(broker, many_nacks_are_each_reported)
 		cr_assert_str_eq(res[i].error, "nacked by broker");
 	}
 	amqp_queue_delete(admin, 1, amqp_cstring_bytes(full), 0, 0);
-	check_reply(admin, "queue.delete");
+	amqp_admin_check(admin, "queue.delete");
 }
 
 /* ---- connection failures (no fixture) ---- */

@@ -9,8 +9,8 @@
 
 #include <amqp.h>
 #include <amqp_framing.h>
-#include <amqp_tcp_socket.h>
 
+#include "tests/support/amqp_admin.h"
 #include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
 
@@ -24,45 +24,6 @@
 #define MAX_ATTEMPTS 2
 #define ROUTING_KEY  "nacks.rk"
 #define ID_PREFIX    "nack"
-
-/* ---- the test's own rabbitmq-c connection, to declare and delete the rejecting queue ---- */
-
-static void check_reply(amqp_connection_state_t c, const char *what)
-{
-	amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
-
-	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "%s failed (reply type %d)", what,
-	             (int)r.reply_type);
-}
-
-static amqp_connection_state_t admin_open(void)
-{
-	char *url = strdup(harness_amqp_url());
-	struct amqp_connection_info ci;
-	amqp_connection_state_t c = amqp_new_connection();
-	amqp_socket_t *s = amqp_tcp_socket_new(c);
-	amqp_rpc_reply_t r;
-
-	cr_assert_not_null(url);
-	cr_assert_not_null(s);
-	cr_assert_eq(amqp_parse_url(url, &ci), AMQP_STATUS_OK, "RELAY_TEST_AMQP does not parse");
-	cr_assert_eq(amqp_socket_open(s, ci.host, ci.port), AMQP_STATUS_OK,
-	             "RabbitMQ at RELAY_TEST_AMQP is unreachable");
-	r = amqp_login(c, ci.vhost[0] ? ci.vhost : "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-	               ci.user, ci.password);
-	cr_assert_eq(r.reply_type, AMQP_RESPONSE_NORMAL, "admin login failed");
-	amqp_channel_open(c, 1);
-	check_reply(c, "channel.open");
-	free(url);
-	return c;
-}
-
-static void admin_close(amqp_connection_state_t c)
-{
-	(void)amqp_channel_close(c, 1, AMQP_REPLY_SUCCESS);
-	(void)amqp_connection_close(c, AMQP_REPLY_SUCCESS);
-	amqp_destroy_connection(c);
-}
 
 /* A queue that holds nothing and rejects every publish routed to it, bound to exchange with
  * the rows' routing key: the broker then nacks each publish as a whole, whatever the other
@@ -78,11 +39,7 @@ static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, co
 	e[1].key = amqp_cstring_bytes("x-overflow");
 	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
 	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
-	amqp_queue_declare(c, 1, amqp_cstring_bytes(q), 0, 0, 1, 0, args);
-	check_reply(c, "queue.declare");
-	amqp_queue_bind(c, 1, amqp_cstring_bytes(q), amqp_cstring_bytes(exchange),
-	                amqp_cstring_bytes(ROUTING_KEY), amqp_empty_table);
-	check_reply(c, "queue.bind");
+	amqp_admin_queue(c, q, exchange, ROUTING_KEY, true, args);
 }
 
 /* ---- what the relay shows ---- */
@@ -198,7 +155,7 @@ Test(relay_nacks, nacked_rows_are_never_charged_and_go_out_once_the_broker_takes
 	int n;
 
 	fixture_setup(&fx, "relay_nacks", NULL);
-	admin = admin_open();
+	admin = amqp_admin_open();
 	snprintf(rejecting, sizeof(rejecting), "%s_reject", fx.table);
 	declare_rejecting_queue(admin, rejecting, fx.exchange);
 
@@ -273,7 +230,7 @@ Test(relay_nacks, nacked_rows_are_never_charged_and_go_out_once_the_broker_takes
 		total_copies += copies[i];
 	}
 	amqp_queue_delete(admin, 1, amqp_cstring_bytes(rejecting), 0, 0);
-	check_reply(admin, "queue.delete");
+	amqp_admin_check(admin, "queue.delete");
 
 	d.fx = &fx;
 	d.copies = copies;
@@ -298,6 +255,6 @@ Test(relay_nacks, nacked_rows_are_never_charged_and_go_out_once_the_broker_takes
 	        "duplicates=%zu\n",
 	        ROWS, nacked, total_copies, consumer_received(fx.cons), dups);
 
-	admin_close(admin);
+	amqp_admin_close(admin);
 	fixture_teardown(&fx);
 }
