@@ -301,9 +301,11 @@ Test(ordering, skip_dead_sets_the_dead_head_aside, .timeout = 300)
 	harness_sleep_ms(1000);
 	cr_assert_eq(consumer_count(t.cons, "k000-000000"), 0);
 	cr_assert_eq(consumer_count(t.cons, "k001-000001"), 0);
+	/* The last marks follow the last confirms: wait for them, not for a fixed time. */
+	HARNESS_WAIT(unpublished(&t, "true") == 2, 30000);
+	cr_assert_eq(unpublished(&t, "true"), 2);
 	ordering_check(t.pg, t.table, "published_at IS NOT NULL", &t.cons, 1, false,
 	               "ordering skip-dead");
-	cr_assert_eq(unpublished(&t, "true"), 2);
 	cr_assert_eq(harness_pg_int(t.pg, "SELECT count(*) FROM %s WHERE attempts >= 10", t.table),
 	             2);
 	cr_assert(log_line_has(t.relays[0], "level=error", "ordering_key=k000", "id=k000-000000"),
@@ -343,7 +345,9 @@ Test(ordering, a_ready_key_is_found_behind_keys_that_wait, .timeout = 300)
 	fixture_relay_start(&t, env);
 	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
 	cr_assert_eq(consumer_count(t.cons, "zz-1"), 1);
-	cr_assert_eq(unpublished(&t, "true"), 500, "the delayed heads stay");
+	/* zz-1 itself may not be marked yet: the mark follows the confirm, and the consumer can
+	 * have it first. */
+	cr_assert_eq(unpublished(&t, "id <> 'zz-1'"), 500, "the delayed heads stay");
 	fixture_teardown(&t);
 }
 
