@@ -517,6 +517,12 @@ static char *read_file(const char *path)
 	return s;
 }
 
+char *harness_read_file(const char *path)
+{
+	cr_assert_eq(access(path, R_OK), 0, "cannot open %s", path);
+	return read_file(path);
+}
+
 char *harness_relay_log(const struct harness_relay *r)
 {
 	return read_file(r->log_path);

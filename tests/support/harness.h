@@ -127,6 +127,9 @@ void harness_relay_free(struct harness_relay *r);
 void harness_relay_finish(struct harness_relay *r, const char *name);
 /* The whole log so far; new string (free()). */
 char *harness_relay_log(const struct harness_relay *r);
+/* The whole file at path as a new NUL-terminated string (free()); fails the test when it
+ * cannot be read. */
+char *harness_read_file(const char *path);
 /* Number of log lines containing needle. */
 int harness_relay_log_count(const struct harness_relay *r, const char *needle);
 /* Waits until some log line contains needle; false after timeout_ms. */

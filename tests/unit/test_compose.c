@@ -9,28 +9,17 @@
 #include <string.h>
 
 #include "config/config.h"
-
-#define MAX_FILE (1024 * 1024)
+#include "tests/support/harness.h"
 
 /* Reads docker/<name> relative to RELAY_TEST_DATA (tests/data); caller frees. */
 static char *read_docker_file(const char *name)
 {
 	const char *data = getenv("RELAY_TEST_DATA");
 	char path[4096];
-	char *buf;
-	size_t len;
-	FILE *f;
 
 	cr_assert_not_null(data, "RELAY_TEST_DATA must point at tests/data");
 	snprintf(path, sizeof(path), "%s/../../docker/%s", data, name);
-	f = fopen(path, "r");
-	cr_assert_not_null(f, "cannot open %s", path);
-	buf = malloc(MAX_FILE + 1);
-	cr_assert_not_null(buf);
-	len = fread(buf, 1, MAX_FILE, f);
-	fclose(f);
-	buf[len] = '\0';
-	return buf;
+	return harness_read_file(path);
 }
 
 static bool is_config_env(const char *name)

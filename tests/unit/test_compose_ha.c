@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "tests/support/harness.h"
 
-#define MAX_FILE  (1024 * 1024)
 #define MAX_BLOCK 16384
 
 static const char *const nodes[] = { "rabbitmq1", "rabbitmq2", "rabbitmq3" };
@@ -22,20 +22,10 @@ static char *read_compose(void)
 {
 	const char *data = getenv("RELAY_TEST_DATA");
 	char path[4096];
-	char *buf;
-	size_t len;
-	FILE *f;
 
 	cr_assert_not_null(data, "RELAY_TEST_DATA must point at tests/data");
 	snprintf(path, sizeof(path), "%s/../../docker/compose.ha.yml", data);
-	f = fopen(path, "r");
-	cr_assert_not_null(f, "cannot open %s", path);
-	buf = malloc(MAX_FILE + 1);
-	cr_assert_not_null(buf);
-	len = fread(buf, 1, MAX_FILE, f);
-	fclose(f);
-	buf[len] = '\0';
-	return buf;
+	return harness_read_file(path);
 }
 
 static size_t indent_of(const char *line)

@@ -11,24 +11,8 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "tests/support/harness.h"
 #include "tests/support/process.h"
-
-#define MAX_FILE (1024 * 1024)
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	size_t len;
-
-	cr_assert_not_null(f, "cannot open %s", path);
-	buf = malloc(MAX_FILE + 1);
-	cr_assert_not_null(buf);
-	len = fread(buf, 1, MAX_FILE, f);
-	fclose(f);
-	buf[len] = '\0';
-	return buf;
-}
 
 static void manpage_path(char *buf, size_t n)
 {
@@ -58,7 +42,7 @@ Test(manpage, every_key_has_an_item_with_its_variable_and_default)
 	char *page;
 
 	manpage_path(path, sizeof(path));
-	page = slurp(path);
+	page = harness_read_file(path);
 	for (size_t i = 0; i < config_key_count(); i++) {
 		char head[256], json[512], want[600];
 		const char *it;
@@ -102,7 +86,7 @@ Test(manpage, no_item_names_an_unknown_key)
 	int items = 0;
 
 	manpage_path(path, sizeof(path));
-	page = slurp(path);
+	page = harness_read_file(path);
 	/* Key items look like ".It Cm relay.lease Pq Ev OUTBOX_RELAY_LEASE". */
 	for (p = page; (p = strstr(p, "\n.It Cm ")) != NULL; p++) {
 		char key[128];

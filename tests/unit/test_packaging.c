@@ -12,25 +12,8 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "tests/support/harness.h"
 #include "tests/support/process.h"
-
-#define MAX_FILE (1024 * 1024)
-
-/* Reads path into a new NUL-terminated string (free()); fails the test when it cannot. */
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	size_t len;
-
-	cr_assert_not_null(f, "cannot open %s", path);
-	buf = malloc(MAX_FILE + 1);
-	cr_assert_not_null(buf);
-	len = fread(buf, 1, MAX_FILE, f);
-	fclose(f);
-	buf[len] = '\0';
-	return buf;
-}
 
 /* packaging/<name> in the source tree (found from RELAY_TEST_DATA, tests/data). */
 static void packaging_path(char *buf, size_t n, const char *name)
@@ -80,8 +63,8 @@ static struct run relay(const char *const *env, const char *const *args)
 		process_kill(pid);
 	close(out);
 	close(err);
-	r.out = slurp(out_path);
-	r.err = slurp(err_path);
+	r.out = harness_read_file(out_path);
+	r.err = harness_read_file(err_path);
 	unlink(out_path);
 	unlink(err_path);
 	process_env_free(&e);
@@ -101,7 +84,7 @@ Test(packaging, relay_json_is_what_config_example_prints)
 	struct run r;
 
 	packaging_path(path, sizeof(path), "relay.json");
-	shipped = slurp(path);
+	shipped = harness_read_file(path);
 	r = relay(NULL, (const char *const[]){ "config", "example", NULL });
 	cr_assert_eq(r.status, 0, "config example exited %d: %s", r.status, r.err);
 	cr_expect_str_eq(shipped, r.out,
@@ -207,7 +190,7 @@ Test(packaging, environment_file_names_only_keys_and_each_example_is_accepted)
 	int examples = 0;
 
 	packaging_path(path, sizeof(path), "outbox-relay.default");
-	text = slurp(path);
+	text = harness_read_file(path);
 	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char name[128], base[128], kv[1024];
 		bool commented, known = false;
@@ -246,7 +229,7 @@ Test(packaging, unit_stops_later_than_the_relay_and_runs_the_packaged_config)
 	int idx = config_key_index("relay.shutdown_timeout");
 
 	packaging_path(path, sizeof(path), "outbox-relay.service");
-	unit = slurp(path);
+	unit = harness_read_file(path);
 	cr_assert(strstr(unit, "\nExecStart=/usr/bin/outbox-relay --config "
 	                       "/etc/outbox-relay/relay.json run\n") != NULL);
 	cr_assert(strstr(unit, "\nEnvironmentFile=-/etc/default/outbox-relay\n") != NULL);
