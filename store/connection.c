@@ -576,6 +576,19 @@ int store_resolve_sequence(struct store *s)
 	return rc;
 }
 
+/* An admin session (the maintenance loop, the CLI). Its statements walk the relay's indexes,
+ * and over a large backlog (the gauges count every unpublished row, every few seconds) their
+ * estimates pass jit_above_cost and the parallel thresholds. With JIT on, as PostgreSQL ships,
+ * the maintenance session compiled its gauge statement each time and started four parallel
+ * workers that compiled it again: about a fifth of the database's CPU while a 400,000-row
+ * backlog drained (perf, bench/run --only relay --rows 400000). Neither pays off for a walk
+ * of an index, and parallel workers take the cores the application and the claim need. */
+static int setup_admin_session(struct store *s)
+{
+	return store_exec(s, "SET jit = off; SET max_parallel_workers_per_gather = 0", 0, NULL,
+	                  PGRES_COMMAND_OK, NULL, "could not set up the session");
+}
+
 /* The relay's session. The claim must walk the unkeyed index in seq order and stop after
  * `batch` rows. With missing or stale statistics (a bulk load before autoanalyze) the planner
  * prefers a bitmap scan of every pending row plus a sort, measured at 30x the time on a
@@ -682,8 +695,10 @@ int store_connect(struct store *s)
 	/* A new connection may be a new server (a failover): lock lists of the old one say
 	 * nothing here. Keyed rows wait for the first settled sample. */
 	watermark_reset(&s->wm);
-	if (s->opts.admin)
-		return 0;
+	if (s->opts.admin) {
+		rc = setup_admin_session(s);
+		goto out;
+	}
 	if ((rc = check_table(s)) != 0 || (rc = setup_session(s)) != 0 ||
 	    (rc = store_ensure_prepared(s)) != 0)
 		goto out;

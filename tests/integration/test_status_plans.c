@@ -237,3 +237,57 @@ Test(status_plans, small_table_counts_published_rows, .timeout = 120)
 	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
 	PQfinish(c);
 }
+
+/* The gauges over a large backlog: the table holds only unpublished rows, so the status
+ * statement reads all of them, and on a session with the server's defaults PostgreSQL plans it
+ * with parallel workers and compiles it (JIT). The maintenance loop runs it every few seconds;
+ * on the store's admin session the same statement is planned with neither. */
+Test(status_plans, admin_session_plans_without_workers_or_jit, .timeout = 300)
+{
+	char t[64], sql[16384];
+	const char *max[1] = { "3" };
+	PGconn *c = harness_pg_connect();
+	struct store_options o;
+	struct store *s;
+	char *plain, *admin;
+
+	harness_unique_name(t, sizeof(t), "plans_backlog");
+	harness_migrate(t);
+	harness_pg_exec(c, "SET session_replication_role = replica");
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
+	                " SELECT 'p-' || lpad(g::text, 7, '0'), 'ex', 'rk', repeat('x', 1024)"
+	                " FROM generate_series(1, 200000) g",
+	                t);
+	harness_pg_exec(c, "RESET session_replication_role");
+	harness_pg_exec(c, "ANALYZE %s", t);
+
+	memset(&o, 0, sizeof(o));
+	o.conninfo = harness_pg_conninfo();
+	o.table = t;
+	o.channel = "";
+	o.relay_id = "plans";
+	o.application_name = "outbox-relay test";
+	o.lease_ms = 60000;
+	o.max_attempts = 3;
+	o.admin = true;
+	s = store_new(&o);
+	cr_assert_not_null(s);
+	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	cr_assert_eq(store_admin_sql(s, STORE_SQL_STATUS, sql, sizeof(sql)), 0);
+
+	/* The server's defaults would use both (else this test shows nothing). */
+	plain = explain(c, sql, 1, max);
+	cr_assert(strstr(plain, "Gather") && strstr(plain, "JIT:"),
+	          "the status plan with the server's defaults uses neither workers nor JIT, so "
+	          "this test cannot tell the admin session apart:\n%s",
+	          plain);
+	admin = explain(s->conn, sql, 1, max);
+	cr_expect(!strstr(admin, "Gather"), "the admin session plans parallel workers:\n%s", admin);
+	cr_expect(!strstr(admin, "JIT:"), "the admin session compiles the statement:\n%s", admin);
+	free(plain);
+	free(admin);
+	store_free(s);
+	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
+	PQfinish(c);
+}
