@@ -57,6 +57,10 @@ void *worker_main(void *arg);
 struct maintenance;
 struct maintenance *maintenance_start(struct relay *r); /* NULL if the thread cannot start */
 void maintenance_stop(struct maintenance *m);           /* joins; accepts NULL */
+/* How long the maintenance loop waits to read the table gauges again after a reading that
+ * took took_ms: 5 s, or 20 times took_ms when that is longer (the reading costs O(backlog)),
+ * at most 5 minutes. */
+int64_t maintenance_gauge_delay_ms(int64_t took_ms);
 
 /* Command-line entry points (relay/commands.c). argv excludes the command word. Each
  * returns the process exit code: 0 ok, 1 runtime failure, 2 usage. */
