@@ -593,7 +593,13 @@ static int setup_admin_session(struct store *s)
  * `batch` rows. With missing or stale statistics (a bulk load before autoanalyze) the planner
  * prefers a bitmap scan of every pending row plus a sort, measured at 30x the time on a
  * 100,000 row backlog; none of this connection's statements needs either, so they are taken
- * off the table here rather than left to the estimates. (The claim's byte budget still sorts
+ * off the table here rather than left to the estimates. Nor does any of them need a
+ * sequential scan, and the plans outlive the estimates: PostgreSQL plans a prepared
+ * statement generically after five runs and keeps that plan until the table's statistics
+ * change, so a relay that started on a new, empty table went on reading the whole table in
+ * every claim (the key-head lookup) and every mark as it grew, until autovacuum first
+ * analyzed it (12 ms a claim at 20,000 rows; commit -> consumer p99 42 ms at 2,000 commits/s,
+ * 3.4 ms without). (The claim's byte budget still sorts
  * its few rows: the penalty that steers the planner then pushes the cost past jit_above_cost,
  * and compiling the statement took 700 ms a claim; JIT never pays off for statements this
  * small, so it is off too.) The relay's own writes (leases,
@@ -614,7 +620,8 @@ static int setup_session(struct store *s)
 	int rc;
 
 	snprintf(sql, sizeof(sql),
-	         "SET enable_bitmapscan = off; SET enable_sort = off; SET jit = off;"
+	         "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off;"
+	         " SET jit = off;"
 	         " SET synchronous_commit = off; SET statement_timeout = %lld;"
 	         " SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10;"
 	         " SET tcp_keepalives_count = 3",
