@@ -64,6 +64,9 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
  *    previous claim ended on ($9, NULL from the start) and looking at most at $10 keys. Walking
  *    keyed rows in seq order instead reads every row queued behind a head: with 37,000 rows on
  *    32 keys, each claim read all of them (2 s a claim).
+ * The heads are looked up by an array of their seqs (an index condition), not by a join:
+ * planned generically on a table that was empty, the join read the table from its first row
+ * up to $7 (every row, by sequential or index scan) before it looked at the heads.
  * Both sets are locked (SKIP LOCKED: what another claim holds is stepped around, and the
  * conditions are checked again on the newest version of each row), merged oldest first, cut to
  * the batch ($3) and then to the byte budget ($8, always keeping the first row), and leased
@@ -93,7 +96,7 @@ static int prepare_claim(struct store *s, const char *t)
 	        " WHERE o.ordering_key = kk.k AND o.published_at IS NULL%s"
 	        " ORDER BY o.seq LIMIT 1) h),"
 	        " kc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
-	        " WHERE o.seq IN (SELECT seq FROM heads) AND o.seq <= $7::bigint"
+	        " WHERE o.seq = ANY (ARRAY(SELECT seq FROM heads)) AND o.seq <= $7::bigint"
 	        " AND o.published_at IS NULL AND o.attempts < $2::int AND o.available_at <= now()"
 	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
 	        " FOR UPDATE OF o SKIP LOCKED),"
