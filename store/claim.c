@@ -84,11 +84,13 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 			       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
 			n = -1;
-		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
-		            PQgetisnull(res, i, COL_WM_HOLDERS)
-		                    ? ""
-		                    : PQgetvalue(res, i, COL_WM_HOLDERS),
-		            n);
+		/* No sample when the claim found no keyed row (statements.c). */
+		if (!PQgetisnull(res, i, COL_WM_SEQ))
+			feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
+			            PQgetisnull(res, i, COL_WM_HOLDERS)
+			                    ? ""
+			                    : PQgetvalue(res, i, COL_WM_HOLDERS),
+			            n);
 		/* By the database clock: what the statement said was left when it ended, counted
 		 * from when the claim was sent (earlier), so the deadline errs on the early side. */
 		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &left) != 0)
