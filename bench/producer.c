@@ -165,12 +165,13 @@ out:
 	return rate;
 }
 
-/* With and without alternate, in the order with-without, then without-with (twice in a full
- * run), so that a drift of the machine during the run (autovacuum, checkpoints, a neighbour)
- * does not favour whichever phase comes first. */
+/* With and without alternate, in the order with-without, then without-with (four rounds in a
+ * full run: two rounds moved the ratio between 0.60 and 0.92 from run to run), so that a drift
+ * of the machine during the run (autovacuum, checkpoints, a neighbour) does not favour
+ * whichever phase comes first. */
 void measure_producer(struct bench *b)
 {
-	int rounds = b->opt.quick ? 1 : 2;
+	int rounds = b->opt.quick ? 1 : 4;
 	double with = 0, without = 0, ratio;
 
 	for (int r = 0; r < rounds; r++) {
@@ -202,6 +203,6 @@ void measure_producer(struct bench *b)
 	bench_set(b, "producer_without", without);
 	bench_set(b, "producer_ratio", ratio);
 	printf("producer: with wake-up %.0f commits/s, without %.0f commits/s; ratio %.2f "
-	       "(target >= 0.90: %s)\n",
-	       with, without, ratio, ratio >= 0.9 ? "met" : "MISSED");
+	       "(target >= 0.95: %s)\n",
+	       with, without, ratio, ratio >= 0.95 ? "met" : "MISSED");
 }
