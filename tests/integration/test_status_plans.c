@@ -52,6 +52,28 @@ static bool scans_table(const char *plan, const char *t)
 	return false;
 }
 
+/* A connected admin store on table t, as the maintenance loop opens one; o (and t) must
+ * outlive it. */
+static struct store *open_admin(struct store_options *o, const char *t)
+{
+	struct store *s;
+
+	memset(o, 0, sizeof(*o));
+	o->conninfo = harness_pg_conninfo();
+	o->table = t;
+	o->channel = "";
+	o->relay_id = "plans";
+	o->application_name = "outbox-relay test";
+	o->lease_ms = 60000;
+	o->max_attempts = 3;
+	o->batch_size = 100;
+	o->admin = true;
+	s = store_new(o);
+	cr_assert_not_null(s);
+	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	return s;
+}
+
 static void check_plan(PGconn *c, struct store *s, enum store_admin_sql which, const char *name,
                        const char *t, int n, const char *const *params, const char *want_index)
 {
@@ -137,19 +159,7 @@ Test(status_plans, gauges_and_lists_cost_unpublished_rows_only, .timeout = 300)
 		harness_sleep_ms(100);
 	harness_pg_exec(c, "ANALYZE %s", t);
 
-	memset(&o, 0, sizeof(o));
-	o.conninfo = harness_pg_conninfo();
-	o.table = t;
-	o.channel = "";
-	o.relay_id = "plans";
-	o.application_name = "outbox-relay test";
-	o.lease_ms = 60000;
-	o.max_attempts = 3;
-	o.batch_size = 100;
-	o.admin = true;
-	s = store_new(&o);
-	cr_assert_not_null(s);
-	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	s = open_admin(&o, t);
 
 	{
 		const char *max[1] = { "3" };
@@ -218,18 +228,7 @@ Test(status_plans, small_table_counts_published_rows, .timeout = 120)
 	                " SELECT 'pub-' || g, 'ex', 'rk', '{}', CASE WHEN g <= 7 THEN now() END"
 	                " FROM generate_series(1, 10) g",
 	                t);
-	memset(&o, 0, sizeof(o));
-	o.conninfo = harness_pg_conninfo();
-	o.table = t;
-	o.channel = "";
-	o.relay_id = "plans";
-	o.application_name = "outbox-relay test";
-	o.lease_ms = 60000;
-	o.max_attempts = 3;
-	o.admin = true;
-	s = store_new(&o);
-	cr_assert_not_null(s);
-	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	s = open_admin(&o, t);
 	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
 	cr_assert_eq(st.published, 7);
 	cr_assert_eq(st.pending, 3);
@@ -262,18 +261,7 @@ Test(status_plans, admin_session_plans_without_workers_or_jit, .timeout = 300)
 	harness_pg_exec(c, "RESET session_replication_role");
 	harness_pg_exec(c, "ANALYZE %s", t);
 
-	memset(&o, 0, sizeof(o));
-	o.conninfo = harness_pg_conninfo();
-	o.table = t;
-	o.channel = "";
-	o.relay_id = "plans";
-	o.application_name = "outbox-relay test";
-	o.lease_ms = 60000;
-	o.max_attempts = 3;
-	o.admin = true;
-	s = store_new(&o);
-	cr_assert_not_null(s);
-	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	s = open_admin(&o, t);
 	cr_assert_eq(store_admin_sql(s, STORE_SQL_STATUS, sql, sizeof(sql)), 0);
 
 	/* The server's defaults would use both (else this test shows nothing). */
