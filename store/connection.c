@@ -579,10 +579,11 @@ int store_resolve_sequence(struct store *s)
 /* An admin session (the maintenance loop, the CLI). Its statements walk the relay's indexes,
  * and over a large backlog (the gauges count every unpublished row, every few seconds) their
  * estimates pass jit_above_cost and the parallel thresholds. With JIT on, as PostgreSQL ships,
- * the maintenance session compiled its gauge statement each time and started four parallel
- * workers that compiled it again: about a fifth of the database's CPU while a 400,000-row
- * backlog drained (perf, bench/run --only relay --rows 400000). Neither pays off for a walk
- * of an index, and parallel workers take the cores the application and the claim need. */
+ * the maintenance session compiled its gauge statement each time and started parallel
+ * workers that compiled it again: about a fifth of the machine's CPU samples while a
+ * 400,000-row backlog drained (perf, bench/run --only relay --rows 400000). Neither pays off
+ * for a walk of an index, and parallel workers take the cores the application and the claim
+ * need. */
 static int setup_admin_session(struct store *s)
 {
 	return store_exec(s, "SET jit = off; SET max_parallel_workers_per_gather = 0", 0, NULL,
