@@ -31,15 +31,19 @@ struct maintenance {
 	uint64_t seed;
 };
 
-static void refresh_gauges(struct maintenance *m)
+/* Returns how long the reading took, or -1 when it failed (the next one then comes at the usual
+ * interval, however long the failure took: a statement timeout must not put it off for
+ * minutes). */
+static int64_t refresh_gauges(struct maintenance *m)
 {
 	struct store_status st;
+	int64_t t0 = clock_mono_ms();
 
 	if (store_status(m->store, &st) < 0) {
 		log_event(LOG_WARN, "maintenance", "could not read table status, will retry",
 		          LOG_STR("error", store_errmsg(m->store)));
 		store_disconnect(m->store);
-		return;
+		return -1;
 	}
 	atomic_store(&g_metrics.pending, st.pending);
 	atomic_store(&g_metrics.leased, st.leased);
@@ -48,6 +52,7 @@ static void refresh_gauges(struct maintenance *m)
 	atomic_store(&g_metrics.oldest_pending_age_ms, (long long)(st.oldest_pending_age_s * 1000));
 	atomic_store(&g_metrics.blocked_keys, st.blocked_keys);
 	atomic_store(&g_metrics.table_stats_at_ms, clock_wall_ms());
+	return clock_mono_ms() - t0;
 }
 
 static void purge(struct maintenance *m)
@@ -107,9 +112,9 @@ static void *maintenance_main(void *arg)
 		}
 		if (store_connected(m->store)) {
 			if (now >= next_gauges) {
-				refresh_gauges(m);
-				next_gauges = clock_mono_ms() +
-				              maintenance_gauge_delay_ms(clock_mono_ms() - now);
+				int64_t took = refresh_gauges(m);
+
+				next_gauges = clock_mono_ms() + maintenance_gauge_delay_ms(took);
 			}
 			if (store_connected(m->store) && cfg->relay_retention_ms > 0 &&
 			    now >= next_purge) {

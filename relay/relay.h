@@ -58,8 +58,8 @@ struct maintenance;
 struct maintenance *maintenance_start(struct relay *r); /* NULL if the thread cannot start */
 void maintenance_stop(struct maintenance *m);           /* joins; accepts NULL */
 /* How long the maintenance loop waits to read the table gauges again after a reading that
- * took took_ms: 5 s, or 20 times took_ms when that is longer (the reading costs O(backlog)),
- * at most 5 minutes. */
+ * took took_ms (negative: a failed reading): 5 s, or 20 times took_ms when that is longer (the
+ * reading costs O(backlog)), at most 5 minutes. */
 int64_t maintenance_gauge_delay_ms(int64_t took_ms);
 
 /* Command-line entry points (relay/commands.c). argv excludes the command word. Each

@@ -8,6 +8,7 @@
 Test(gauge_pacing, cheap_readings_every_five_seconds)
 {
 	cr_assert_eq(maintenance_gauge_delay_ms(0), 5000);
+	cr_assert_eq(maintenance_gauge_delay_ms(-1), 5000); /* a failed reading */
 	cr_assert_eq(maintenance_gauge_delay_ms(-3), 5000); /* a clock step */
 	cr_assert_eq(maintenance_gauge_delay_ms(12), 5000);
 	cr_assert_eq(maintenance_gauge_delay_ms(250), 5000);
