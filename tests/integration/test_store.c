@@ -1101,6 +1101,27 @@ Test(store, dead_list_requeue_discard_purge)
 	store_free(a);
 }
 
+/* What EXPLAIN (ANALYZE, BUFFERS) prints for q run on conn, one text (a static buffer, good
+ * until the next call). */
+static const char *explain_analyze(PGconn *conn, const char *q)
+{
+	static char plan[65536];
+	char explain[1024];
+	size_t len = 0;
+	PGresult *res;
+
+	snprintf(explain, sizeof(explain), "EXPLAIN (ANALYZE, BUFFERS) %s", q);
+	res = PQexec(conn, explain);
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s: %s", explain,
+	             PQresultErrorMessage(res));
+	plan[0] = '\0';
+	for (int t = 0; t < PQntuples(res) && len < sizeof(plan) - 1; t++)
+		len += (size_t)snprintf(plan + len, sizeof(plan) - len, "%s\n",
+		                        PQgetvalue(res, t, 0));
+	PQclear(res);
+	return plan;
+}
+
 /* Index entries an EXPLAIN ANALYZE plan read through index idx: over every node scanning it,
  * (rows + rows removed by its filter) x loops. The figures are per loop (rounded averages),
  * which is close enough for a bound. */
@@ -1176,17 +1197,11 @@ Test(store, claim_reads_a_batch_and_the_key_heads_however_long_the_backlog, .tim
 	 * must be just as good. Each claims 100 rows: the 32 heads (older than most unkeyed
 	 * rows) and unkeyed rows. */
 	for (int i = 0; i < 8; i++) {
-		PGresult *res = PQexec(r->conn, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE outbox_claim("
-		                                "false, 3, 100, 'relay-1#t.1', 60000, 0,"
-		                                " 9223372036854775807, 9223372036854775807, NULL,"
-		                                " 100)");
-		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQresultErrorMessage(res));
-		static char plan[65536];
-		size_t len = 0;
-		for (int t = 0; t < PQntuples(res) && len < sizeof(plan) - 1; t++)
-			len += (size_t)snprintf(plan + len, sizeof(plan) - len, "%s\n",
-			                        PQgetvalue(res, t, 0));
-		PQclear(res);
+		const char *plan =
+		        explain_analyze(r->conn, "EXECUTE outbox_claim("
+		                                 "false, 3, 100, 'relay-1#t.1', 60000, 0,"
+		                                 " 9223372036854775807,"
+		                                 " 9223372036854775807, NULL, 100)");
 		cr_assert_null(strstr(plan, seqscan), "run %d walks the table:\n%s", i, plan);
 		long long u = index_entries_read(plan, unkeyed),
 		          k = index_entries_read(plan, keyed);
@@ -1217,25 +1232,19 @@ Test(store, claim_reads_a_batch_and_the_key_heads_however_long_the_backlog, .tim
  * BUFFERS) on conn: a node counts the buffers of the nodes below it. */
 static long plan_buffers(PGconn *conn, const char *q)
 {
-	char explain[1024];
 	long most = 0;
-	PGresult *r;
 
-	snprintf(explain, sizeof(explain), "EXPLAIN (ANALYZE, BUFFERS) %s", q);
-	r = PQexec(conn, explain);
-	cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s: %s", explain,
-	             PQresultErrorMessage(r));
-	for (int i = 0; i < PQntuples(r); i++) {
-		const char *line = PQgetvalue(r, i, 0), *p;
+	for (const char *line = explain_analyze(conn, q); line && *line;) {
+		const char *eol = strchr(line, '\n'), *p;
 		long n = 0;
 
-		if ((p = strstr(line, "shared hit=")) != NULL)
+		if ((p = strstr(line, "shared hit=")) != NULL && (!eol || p < eol))
 			n += strtol(p + strlen("shared hit="), NULL, 10);
-		if ((p = strstr(line, " read=")) != NULL)
+		if ((p = strstr(line, " read=")) != NULL && (!eol || p < eol))
 			n += strtol(p + strlen(" read="), NULL, 10);
 		most = n > most ? n : most;
+		line = eol ? eol + 1 : NULL;
 	}
-	PQclear(r);
 	return most;
 }
 
