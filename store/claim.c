@@ -20,6 +20,12 @@
 #define STORE_CLAIM_KEYS_ONLY 1024
 /* "No byte budget" for the claim's $8. */
 #define NO_BUDGET "9223372036854775807"
+/* How far below the floor a claim still looks for rows committed late, in batches
+ * (store_set_claim_floor). */
+#define STORE_FLOOR_REACH_BATCHES 8
+/* The lock list is read by a claim at least this often (ms), so that the watermark, and with
+ * it the claim floor, moves on while only unkeyed rows flow. */
+#define STORE_SAMPLE_EVERY_MS 10
 
 static int cmp_row_seq(const void *a, const void *b)
 {
@@ -85,12 +91,14 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
 			n = -1;
 		/* No sample when the claim found no keyed row (statements.c). */
-		if (!PQgetisnull(res, i, COL_WM_SEQ))
+		if (!PQgetisnull(res, i, COL_WM_SEQ)) {
 			feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
 			            PQgetisnull(res, i, COL_WM_HOLDERS)
 			                    ? ""
 			                    : PQgetvalue(res, i, COL_WM_HOLDERS),
 			            n);
+			s->sampled_ms = clock_mono_ms();
+		}
 		/* By the database clock: what the statement said was left when it ended, counted
 		 * from when the claim was sent (earlier), so the deadline errs on the early side. */
 		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &left) != 0)
@@ -226,10 +234,25 @@ static void next_token(struct store *s)
 	         base36(s->token_counter, count, sizeof(count)));
 }
 
+/* Where this claim starts among unkeyed rows: the floor asked for, but never above a row the
+ * last claim could not see (claim_seen + 1: every row below was visible to it, so a row
+ * committed late, after it, is looked at by this one), nor more than a reach of batches below
+ * what was asked (a transaction that stays open longer than that many rows behind leaves its
+ * row to the next claim without a floor). */
+static int64_t floor_in_effect(const struct store *s, int batch_size)
+{
+	int64_t asked = s->claim_floor, reach = (int64_t)batch_size * STORE_FLOOR_REACH_BATCHES;
+
+	if (asked == 0 || asked == STORE_FLOOR_KEYS_ONLY || asked <= s->claim_seen + 1)
+		return asked;
+	return s->claim_seen + 1 > asked - reach ? s->claim_seen + 1 : asked - reach;
+}
+
 int store_claim_send(struct store *s, bool disarm)
 {
 	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24], nkeys[16];
-	const char *params[10];
+	const char *params[11];
+	int64_t now = clock_mono_ms();
 	int batch_size = s->opts.batch_size > 0 ? s->opts.batch_size : 1;
 	int rc;
 
@@ -248,8 +271,11 @@ int store_claim_send(struct store *s, bool disarm)
 	         : batch_size > STORE_CLAIM_KEYS_MIN     ? batch_size
 	                                                 : STORE_CLAIM_KEYS_MIN);
 	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
-	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)s->claim_floor);
+	snprintf(floor_seq, sizeof(floor_seq), "%lld", (long long)floor_in_effect(s, batch_size));
 	snprintf(safe, sizeof(safe), "%lld", (long long)watermark_safe(&s->wm));
+	/* A claim that looks at no unkeyed row sees nothing for the floor's sake. */
+	s->claim_seen_sent =
+	        s->claim_floor == STORE_FLOOR_KEYS_ONLY ? s->claim_seen : watermark_safe(&s->wm);
 	if (s->opts.batch_max_bytes > 0)
 		snprintf(budget, sizeof(budget), "%lld", (long long)s->opts.batch_max_bytes);
 	else
@@ -266,7 +292,8 @@ int store_claim_send(struct store *s, bool disarm)
 	params[7] = budget;
 	params[8] = s->has_cursor ? s->key_cursor : NULL;
 	params[9] = nkeys;
-	return store_send_prepared(s, ST_CLAIM, 10, params, STORE_INFLIGHT_CLAIM,
+	params[10] = s->sampled_ms == 0 || now - s->sampled_ms >= STORE_SAMPLE_EVERY_MS ? "t" : "f";
+	return store_send_prepared(s, ST_CLAIM, 11, params, STORE_INFLIGHT_CLAIM,
 	                           "could not claim");
 }
 
@@ -291,6 +318,8 @@ int store_claim_recv(struct store *s, struct store_batch *out)
 		rc = store_result_error(s, res, "could not claim");
 	else
 		rc = parse_batch(s, res, out, sent_ms);
+	if (rc == 0)
+		s->claim_seen = s->claim_seen_sent;
 	PQclear(res);
 	return rc;
 }
@@ -322,6 +351,7 @@ static int sample(struct store *s)
 			n = -1;
 		feed_sample(s, PQgetvalue(res, 0, 0),
 		            PQgetisnull(res, 0, 1) ? "" : PQgetvalue(res, 0, 1), n);
+		s->sampled_ms = clock_mono_ms();
 	}
 	PQclear(res);
 	return 0;

@@ -703,6 +703,8 @@ int store_connect(struct store *s)
 	/* A new connection may be a new server (a failover): lock lists of the old one say
 	 * nothing here. Keyed rows wait for the first settled sample. */
 	watermark_reset(&s->wm);
+	s->claim_seen = s->claim_seen_sent = 0;
+	s->sampled_ms = 0;
 	if (s->opts.admin) {
 		rc = setup_admin_session(s);
 		goto out;

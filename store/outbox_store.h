@@ -145,7 +145,11 @@ int store_claim_recv(struct store *s, struct store_batch *out) __attribute__((wa
  * the last vacuum, and the drain slows as it goes. A relay that just claimed a full batch
  * knows nothing older was claimable and can start there; it must still claim without a
  * floor now and then, for older rows that became claimable since (released, retried,
- * delayed, or committed late by a transaction that took its seq early). */
+ * delayed). A row committed late, by a transaction that took its seq early, needs no such
+ * claim: the store never starts a claim above a row the previous claim could not see yet
+ * (by the settled ordering watermark it was sent with), unless that is more than 8 batches
+ * below the floor asked for (a transaction open that long leaves its row to the next claim
+ * without a floor). */
 void store_set_claim_floor(struct store *s, int64_t from_seq);
 #define STORE_FLOOR_KEYS_ONLY INT64_MAX
 

@@ -20,13 +20,14 @@
 #define SAMPLE_FROM                                                                            \
 	" FROM (SELECT COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) " \
 	"s" SAMPLE_HOLDERS
-/* The claim's sample is taken only when it found keyed rows (heads): the watermark is for
- * them. Without, W is NULL, and the lock list, which reads every lock of the server
- * (pg_lock_status()), is not read at all (a one-time filter on s.w): under a steady trickle
- * of unkeyed rows the claim runs for every row or two, and the lock list was about a quarter
- * of what the claim cost the database. */
+/* The claim takes a sample when it found keyed rows (heads), for them, or when the caller asks
+ * ($11: the claim floor needs the watermark to move on, a few times a second). Otherwise W is
+ * NULL, and the lock list, which reads every lock of the server (pg_lock_status()), is not
+ * read at all (a one-time filter on s.w): under a steady trickle of unkeyed rows the claim
+ * runs for every row or two, and the lock list was about a quarter of what the claim cost the
+ * database. */
 #define CLAIM_SAMPLE_FROM                                                             \
-	" FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM heads) THEN"                   \
+	" FROM (SELECT CASE WHEN $11::boolean OR EXISTS (SELECT 1 FROM heads) THEN"   \
 	" COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) END AS w OFFSET 0) " \
 	"s" SAMPLE_HOLDERS
 
@@ -93,7 +94,7 @@ static int prepare_claim(struct store *s, const char *t)
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
 
 	return prepare_one(
-	        s, ST_CLAIM, 10,
+	        s, ST_CLAIM, 11,
 	        "WITH RECURSIVE disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"
 	        " keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL"
 	        " AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"

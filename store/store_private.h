@@ -106,6 +106,11 @@ struct store {
 	bool no_answer;           /* the server did not answer within the answer timeout */
 	bool aborted;             /* the shutdown deadline ended a wait */
 	int64_t claim_floor;      /* store_set_claim_floor() */
+	/* Every row with seq <= claim_seen was visible to the last claim read: the settled
+	 * watermark it was sent with (claim_seen_sent, the claim in flight). The floor never
+	 * passes it (store/claim.c). */
+	int64_t claim_seen, claim_seen_sent;
+	int64_t sampled_ms; /* CLOCK_MONOTONIC: when the lock list was last read (0: never) */
 	/* Where the next claim goes on looking for ordering keys (store/claim.c): the last key
 	 * the previous claim looked at; none (has_cursor false) at the start of a round. */
 	char key_cursor[STORE_KEY_CURSOR_MAX];

@@ -424,7 +424,18 @@ Test(store, claim_floor_skips_older_rows_until_cleared)
 	struct store_batch b;
 	store_batch_init(&b);
 	int64_t third = sql_int(g_admin, "SELECT seq FROM %s WHERE id = 'f3'", g_table);
+	int64_t last = sql_int(g_admin, "SELECT seq FROM %s WHERE id = 'f5'", g_table);
 
+	/* The floor holds only above rows an earlier claim saw: settle the watermark past every
+	 * row, let a claim see them all (it claims them, being the first), and hand them back. */
+	settle(r);
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 6);
+	cr_assert_eq(b.rows[5].seq, last);
+	const char *ids[6];
+	for (size_t i = 0; i < 6; i++)
+		ids[i] = b.rows[i].id;
+	cr_assert_eq(store_release(r, b.token, ids, 6), 0, "%s", store_errmsg(r));
 	store_set_claim_floor(r, third);
 	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
 	cr_assert_eq(b.n, 3);
@@ -434,6 +445,89 @@ Test(store, claim_floor_skips_older_rows_until_cleared)
 	cr_assert_eq(store_claim(r, false, &b), 0);
 	cr_assert_eq(b.n, 3);
 	cr_assert_str_eq(b.rows[0].id, "f0");
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
+/* The seq of row id. */
+static int64_t seq_of(const char *id)
+{
+	return sql_int(g_admin, "SELECT seq FROM %s WHERE id = '%s'", g_table, id);
+}
+
+/* Adds row id in the transaction open on c. */
+static void add_on(PGconn *c, const char *id)
+{
+	struct outbox_message m = {
+		.id = id, .exchange = "ex", .routing_key = "rk", .body = "{}", .body_len = 2
+	};
+	char err[256];
+
+	cr_assert_eq(outbox_add(c, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+}
+
+/* A relay whose pipeline stays busy sets the floor to the first row of its last batch. A row
+ * whose transaction drew its seq before that row's and committed after the claim lies below
+ * that floor: the next claim must still look there, or the row waits for a claim without a
+ * floor (up to a poll interval). */
+Test(store, claim_floor_looks_below_it_for_rows_committed_late)
+{
+	struct store *a = migrated("floorlate");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *p = connect_pg();
+	struct store_batch b;
+
+	store_batch_init(&b);
+	sql(p, "BEGIN");
+	add_on(p, "early");
+	add("b1", NULL, 0);
+	add("b2", NULL, 0);
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 2, "claimed %zu rows", b.n);
+	cr_assert_str_eq(b.rows[0].id, "b1");
+	store_set_claim_floor(r, b.rows[0].seq);
+	sql(p, "COMMIT");
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1, "the row committed late was not claimed (%zu rows)", b.n);
+	cr_assert_str_eq(b.rows[0].id, "early");
+	PQfinish(p);
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
+/* ...but only so far: a claim looks at most 8 batches below the floor asked for, so that a
+ * transaction left open does not make every claim walk all the rows committed since it
+ * began. Its row is found by the next claim without a floor. */
+Test(store, claim_floor_looks_below_it_at_most_eight_batches)
+{
+	struct store *a = migrated("floorreach");
+	struct store_options o = opts_for("relay-1", false);
+	PGconn *p = connect_pg();
+	struct store_batch b;
+	char id[16];
+
+	o.batch_size = 1;
+	struct store *r = open_store(o);
+	store_batch_init(&b);
+	sql(p, "BEGIN");
+	add_on(p, "early");
+	for (int i = 0; i < 20; i++) {
+		snprintf(id, sizeof(id), "r%d", i);
+		add(id, NULL, 0);
+	}
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_str_eq(b.rows[0].id, "r0");
+	store_set_claim_floor(r, seq_of("r15"));
+	sql(p, "COMMIT");
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1);
+	cr_assert_eq(b.rows[0].seq, seq_of("r15") - 8, "claimed %s", b.rows[0].id);
+	store_set_claim_floor(r, 0);
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_str_eq(b.rows[0].id, "early");
+	PQfinish(p);
 	store_batch_free(&b);
 	store_free(r);
 	store_free(a);
@@ -1201,7 +1295,7 @@ Test(store, claim_reads_a_batch_and_the_key_heads_however_long_the_backlog, .tim
 		        explain_analyze(r->conn, "EXECUTE outbox_claim("
 		                                 "false, 3, 100, 'relay-1#t.1', 60000, 0,"
 		                                 " 9223372036854775807,"
-		                                 " 9223372036854775807, NULL, 100)");
+		                                 " 9223372036854775807, NULL, 100, false)");
 		cr_assert_null(strstr(plan, seqscan), "run %d walks the table:\n%s", i, plan);
 		long long u = index_entries_read(plan, unkeyed),
 		          k = index_entries_read(plan, keyed);
@@ -1280,7 +1374,7 @@ Test(store, statements_planned_on_an_empty_table_keep_to_the_indexes)
 	cr_assert_gt(sql_int(g_admin, "SELECT pg_relation_size('%s') / 8192", g_table), 4000);
 	/* The watermark at its highest: every row is below it. */
 	n = plan_buffers(r->conn, "EXECUTE " ST_CLAIM "(false, 3, 100, 'token', 60000, 0,"
-	                          " 9223372036854775807, 9223372036854775807, NULL, 64)");
+	                          " 9223372036854775807, 9223372036854775807, NULL, 64, true)");
 	cr_expect_lt(n, 1000, "the claim touched %ld buffers", n);
 	n = plan_buffers(r->conn, "EXECUTE " ST_MARK "('{g1,g2}', 'token')");
 	cr_expect_lt(n, 100, "the mark touched %ld buffers", n);
