@@ -51,6 +51,10 @@ void worker_interrupt_store(struct worker *w);
 void worker_free(struct worker *w); /* accepts NULL; the thread must have been joined */
 /* pthread entry point; arg is a struct worker *. Returns NULL. */
 void *worker_main(void *arg);
+/* How long (µs) a worker holds its next claim back after claiming rows of which none has an
+ * ordering key, since_claim_us after it sent the previous claim: while they are fewer than an
+ * eighth of batch_size, until 2 ms after that claim; otherwise 0 (relay/worker.c, gather()). */
+int64_t worker_gather_us(int64_t since_claim_us, size_t rows, int batch_size, bool keyed);
 
 /* The maintenance loop: table gauges for /metrics and the retention purge, on a connection
  * of its own so that neither slows the relay loops. */
