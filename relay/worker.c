@@ -35,7 +35,7 @@
 /* A confirmed row not yet marked, with its claim's token: the mark is fenced like every
  * write, so it only lands while the row is still ours. */
 struct owed {
-	char *id;
+	int64_t seq;
 	char token[STORE_TOKEN_MAX];
 };
 
@@ -69,7 +69,7 @@ struct worker {
 	struct store_batch batches[2];
 	int cur;
 	/* A mark of the previous batch's confirmed rows is on the wire (store_mark_published_send)
-	 * while the current batch is being published; its ids are still in published[]. */
+	 * while the current batch is being published; its rows are still in published[]. */
 	bool marking;
 	size_t n_marking;
 	int64_t marking_t0_us;
@@ -78,11 +78,11 @@ struct worker {
 	size_t cap; /* capacity of the arrays below */
 	struct broker_message *msgs;
 	struct broker_result *res;
-	const char **published; /* ids confirmed in this batch */
-	const char **released;  /* ids never answered */
+	int64_t *published;    /* seqs of the rows confirmed in this batch */
+	const char **released; /* ids never answered */
 	struct store_failure *failures;
 
-	struct owed *owed; /* confirmed rows not yet marked (database was away); owned copies */
+	struct owed *owed; /* confirmed rows not yet marked (database was away) */
 	size_t n_owed;
 
 	/* Claim floor (see store_set_claim_floor): the first seq of the previous cycle's batch,
@@ -207,7 +207,7 @@ static bool ensure_broker(struct worker *w)
 	return false;
 }
 
-static void owe_marks(struct worker *w, const char *token, const char *const *ids, size_t n);
+static void owe_marks(struct worker *w, const char *token, const int64_t *seqs, size_t n);
 
 /* The connection goes: a mark still on the wire is owed, to be sent again after reconnecting
  * (fenced, so it lands only if the rows are still ours), never read as an answer that cannot
@@ -367,23 +367,17 @@ static enum metrics_fail_reason fail_reason(enum broker_outcome o)
 	}
 }
 
-/* Keeps confirmed ids to mark once the database is back (else they are republished when
+/* Keeps confirmed rows to mark once the database is back (else they are republished when
  * their lease runs out: a duplicate, not a loss). */
-static void owe_marks(struct worker *w, const char *token, const char *const *ids, size_t n)
+static void owe_marks(struct worker *w, const char *token, const int64_t *seqs, size_t n)
 {
 	for (size_t i = 0; i < n && w->n_owed < OWED_MAX; i++) {
-		char *copy = strdup(ids[i]);
-		struct owed *p;
+		struct owed *p = realloc(w->owed, (w->n_owed + 1) * sizeof(*w->owed));
 
-		if (!copy)
+		if (!p)
 			return;
-		p = realloc(w->owed, (w->n_owed + 1) * sizeof(*w->owed));
-		if (!p) {
-			free(copy);
-			return;
-		}
 		w->owed = p;
-		w->owed[w->n_owed].id = copy;
+		w->owed[w->n_owed].seq = seqs[i];
 		snprintf(w->owed[w->n_owed].token, sizeof(w->owed[w->n_owed].token), "%s", token);
 		w->n_owed++;
 	}
@@ -391,8 +385,6 @@ static void owe_marks(struct worker *w, const char *token, const char *const *id
 
 static void clear_owed(struct worker *w)
 {
-	for (size_t i = 0; i < w->n_owed; i++)
-		free(w->owed[i].id);
 	free(w->owed);
 	w->owed = NULL;
 	w->n_owed = 0;
@@ -413,7 +405,7 @@ static int pay_owed(struct worker *w)
 		const char *token = w->owed[i].token;
 
 		while (i + n < w->n_owed && strcmp(w->owed[i + n].token, token) == 0) {
-			w->published[n] = w->owed[i + n].id;
+			w->published[n] = w->owed[i + n].seq;
 			n++;
 		}
 		rc = store_mark_published_send(w->store, token, w->published, n,
@@ -422,8 +414,6 @@ static int pay_owed(struct worker *w)
 			rc = store_mark_published_recv(w->store, &hit);
 		if (rc < 0) {
 			/* What was marked is no longer owed; the rest stays, to try again. */
-			for (size_t k = 0; k < i; k++)
-				free(w->owed[k].id);
 			memmove(w->owed, w->owed + i, (w->n_owed - i) * sizeof(*w->owed));
 			w->n_owed -= i;
 			db_failed(w, rc, "marking rows confirmed while the database was away");
@@ -539,7 +529,7 @@ static void classify(struct worker *w, const struct store_batch *b, struct settl
 
 		switch (res->outcome) {
 		case BROKER_ACKED:
-			w->published[st->n_pub++] = r->id;
+			w->published[st->n_pub++] = r->seq;
 			/* A row made pending by `outbox-relay replay` carries its header. */
 			if (store_row_replayed(r))
 				atomic_fetch_add_explicit(&g_metrics.replayed, 1,

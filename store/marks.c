@@ -18,7 +18,12 @@ static int need_token(struct store *s, const char *token)
 	return 0;
 }
 
-int store_mark_published_send(struct store *s, const char *token, const char *const *ids, size_t n,
+static int64_t int64_at(const void *items, size_t i)
+{
+	return ((const int64_t *)items)[i];
+}
+
+int store_mark_published_send(struct store *s, const char *token, const int64_t *seqs, size_t n,
                               bool delete_rows)
 {
 	const char *params[2];
@@ -30,7 +35,7 @@ int store_mark_published_send(struct store *s, const char *token, const char *co
 		s->inflight = STORE_INFLIGHT_MARK_NOOP;
 		return 0;
 	}
-	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
+	rc = store_int_array(s, STORE_SLOT_IDS, seqs, n, int64_at, &params[0]);
 	if (rc != 0)
 		return rc;
 	params[1] = token;
@@ -67,10 +72,10 @@ int store_mark_published_recv(struct store *s, size_t *n_changed)
 	return rc;
 }
 
-int store_mark_published(struct store *s, const char *token, const char *const *ids, size_t n,
+int store_mark_published(struct store *s, const char *token, const int64_t *seqs, size_t n,
                          bool delete_rows)
 {
-	int rc = store_mark_published_send(s, token, ids, n, delete_rows);
+	int rc = store_mark_published_send(s, token, seqs, n, delete_rows);
 
 	if (rc != 0)
 		return rc;

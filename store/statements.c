@@ -160,14 +160,14 @@ int store_ensure_prepared(struct store *s)
 	             s, ST_MARK, 2,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
 	             " UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
-	             " FROM durable WHERE id = ANY($1::text[]) AND locked_by = $2::text"
+	             " FROM durable WHERE seq = ANY($1::bigint[]) AND locked_by = $2::text"
 	             " AND published_at IS NULL",
 	             t)) != 0)
 		return rc;
 	if ((rc = prepare_one(
 	             s, ST_DELETE, 2,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
-	             " DELETE FROM %s USING durable WHERE id = ANY($1::text[])"
+	             " DELETE FROM %s USING durable WHERE seq = ANY($1::bigint[])"
 	             " AND locked_by = $2::text AND published_at IS NULL",
 	             t)) != 0)
 		return rc;

@@ -564,18 +564,19 @@ Test(store, concurrent_claims_never_share_a_row)
 		struct store_batch *bs[2] = { &b1, &b2 };
 		struct store *rs[2] = { r1, r2 };
 		for (int k = 0; k < 2; k++) {
-			const char *ids[97];
+			int64_t seqs[97];
 			for (size_t i = 0; i < bs[k]->n; i++) {
 				int n = (int)strtol(bs[k]->rows[i].id + 1, NULL, 10);
 				cr_assert(n >= 0 && n < N);
 				cr_assert_eq(seen[n], 0, "row %s claimed twice", bs[k]->rows[i].id);
 				seen[n] = 1;
-				ids[i] = bs[k]->rows[i].id;
+				seqs[i] = bs[k]->rows[i].seq;
 				total++;
 			}
 			/* Publishing makes the next row of each key claimable. */
 			cr_assert_eq(
-			        store_mark_published(rs[k], bs[k]->token, ids, bs[k]->n, false), 0);
+			        store_mark_published(rs[k], bs[k]->token, seqs, bs[k]->n, false),
+			        0);
 		}
 	}
 	cr_assert_eq(total, N);
@@ -687,26 +688,26 @@ Test(store, mark_published_and_delete)
 	add("p\"3\\", NULL, 0);
 	struct store *r = open_store(opts_for("relay-1", false));
 	cr_assert_str_eq(claim_str(r, false), "p1,p2,p\"3\\");
-	const char *ids[] = { "p1", "p\"3\\" };
-	cr_assert_eq(store_mark_published(r, "relay-1#other.1", ids, 2, false), 0, "%s",
+	int64_t seqs[] = { seq_of("p1"), seq_of("p\"3\\") };
+	cr_assert_eq(store_mark_published(r, "relay-1#other.1", seqs, 2, false), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(
 	        sql_int(g_admin, "SELECT count(*) FROM %s WHERE published_at IS NOT NULL", g_table),
 	        0, "a mark with another claim's token changes nothing");
-	cr_assert_eq(store_mark_published(r, g_token, ids, 2, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_mark_published(r, g_token, seqs, 2, false), 0, "%s", store_errmsg(r));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE published_at IS NOT NULL"
 	                     " AND locked_by IS NULL AND locked_until IS NULL",
 	                     g_table),
-	             2, "quotes and backslashes in ids survive the array literal");
+	             2, "both rows marked, and only they");
 	long long before =
 	        sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table);
-	cr_assert_eq(store_mark_published(r, g_token, ids, 1, false), 0);
+	cr_assert_eq(store_mark_published(r, g_token, seqs, 1, false), 0);
 	cr_assert_eq(sql_int(g_admin, "SELECT xmin::text::bigint FROM %s WHERE id = 'p1'", g_table),
 	             before, "an already published row is left alone");
-	cr_assert_eq(store_mark_published(r, g_token, ids, 0, false), 0, "empty mark is a no-op");
+	cr_assert_eq(store_mark_published(r, g_token, seqs, 0, false), 0, "empty mark is a no-op");
 
-	const char *del[] = { "p2" };
+	int64_t del[] = { seq_of("p2") };
 	size_t hit = 0;
 	cr_assert_eq(store_mark_published_send(r, g_token, del, 1, true), 0);
 	cr_assert_eq(store_mark_published_recv(r, &hit), 0, "%s", store_errmsg(r));
@@ -811,7 +812,7 @@ Test(store, ordering_keys_head_only_and_failed_head_blocks_its_key)
 	cr_assert_str_eq(claim_str(r, false), "",
 	                 "a key's next row waits while its head is leased");
 
-	const char *pa[] = { "a1" };
+	int64_t pa[] = { seq_of("a1") };
 	cr_assert_eq(store_mark_published(r, first, pa, 1, false), 0);
 	cr_assert_str_eq(claim_str(r, false), "a2", "next row after the head is published");
 
@@ -1357,14 +1358,15 @@ Test(store, statements_planned_on_an_empty_table_keep_to_the_indexes)
 	struct store *r = open_store(opts_for("relay-1", false));
 	struct store_batch b;
 	const char *one[1] = { "nothing" };
+	const int64_t none[1] = { 0 };
 	long n;
 
 	store_batch_init(&b);
 	sql(r->conn, "SET plan_cache_mode = force_generic_plan");
 	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
 	cr_assert_eq(b.n, 0);
-	cr_assert_eq(store_mark_published(r, "token", one, 1, false), 0, "%s", store_errmsg(r));
-	cr_assert_eq(store_mark_published(r, "token", one, 1, true), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_mark_published(r, "token", none, 1, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_mark_published(r, "token", none, 1, true), 0, "%s", store_errmsg(r));
 	cr_assert_eq(store_release(r, "token", one, 1), 0, "%s", store_errmsg(r));
 
 	sql(g_admin,
@@ -1376,9 +1378,9 @@ Test(store, statements_planned_on_an_empty_table_keep_to_the_indexes)
 	n = plan_buffers(r->conn, "EXECUTE " ST_CLAIM "(false, 3, 100, 'token', 60000, 0,"
 	                          " 9223372036854775807, 9223372036854775807, NULL, 64, true)");
 	cr_expect_lt(n, 1000, "the claim touched %ld buffers", n);
-	n = plan_buffers(r->conn, "EXECUTE " ST_MARK "('{g1,g2}', 'token')");
+	n = plan_buffers(r->conn, "EXECUTE " ST_MARK "('{1,2}', 'token')");
 	cr_expect_lt(n, 100, "the mark touched %ld buffers", n);
-	n = plan_buffers(r->conn, "EXECUTE " ST_DELETE "('{g1,g2}', 'token')");
+	n = plan_buffers(r->conn, "EXECUTE " ST_DELETE "('{1,2}', 'token')");
 	cr_expect_lt(n, 100, "the delete on confirm touched %ld buffers", n);
 	n = plan_buffers(r->conn, "EXECUTE " ST_RELEASE "('{g1,g2}', 'token')");
 	cr_expect_lt(n, 100, "the release touched %ld buffers", n);
