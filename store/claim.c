@@ -90,7 +90,7 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 			       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
 		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
 			n = -1;
-		/* No sample when the claim found no keyed row (statements.c). */
+		/* No sample when the claim found no keyed row and none was asked for (statements.c). */
 		if (!PQgetisnull(res, i, COL_WM_SEQ)) {
 			feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
 			            PQgetisnull(res, i, COL_WM_HOLDERS)

@@ -85,10 +85,10 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
  * under the claim's token ($4) for $5 ms. The disarm CTE lets the wake-up lock go in the same
  * round trip ($1; every advisory lock of the session, which holds no other, and however many
  * times it was taken; joined into the last row, so that it runs). The last row of the answer
- * (seq NULL) is the watermark's sample (W NULL when no keyed row was found: none taken), what
- * is left of the lease by the database clock, whether a key looked at has its head above the
- * watermark, and the last key looked at when $10 of them were (NULL when the keys ran out:
- * the next claim starts from the first key again). */
+ * (seq NULL) is the watermark's sample (W NULL when no keyed row was found and $11 did not ask
+ * for one: none taken), what is left of the lease by the database clock, whether a key looked
+ * at has its head above the watermark, and the last key looked at when $10 of them were (NULL
+ * when the keys ran out: the next claim starts from the first key again). */
 static int prepare_claim(struct store *s, const char *t)
 {
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
