@@ -216,14 +216,6 @@ static void log_replay(const struct config *cfg, const struct replay_args *a, co
 	          LOG_STR("replayed_at", asked_at), LOG_OPT("error", error));
 }
 
-static void pause_ms(int64_t ms)
-{
-	struct timespec ts = { .tv_sec = (time_t)(ms / 1000),
-		               .tv_nsec = (long)(ms % 1000) * 1000000 };
-
-	nanosleep(&ts, NULL);
-}
-
 /* Steps until every selected row is replayed, or relay.lease has passed: a key with a row in
  * flight waits, since its lease ends within that time anyway (the row is published, or
  * released, or its relay died and the lease runs out). */
@@ -243,7 +235,7 @@ static int run_steps(const struct config *cfg, struct store *s, const char *aske
 		left = deadline - clock_mono_ms();
 		if (left <= 0)
 			return 0;
-		pause_ms(pause < left ? pause : left);
+		clock_sleep_us((pause < left ? pause : left) * 1000);
 		if (pause < 1000)
 			pause *= 2;
 	}

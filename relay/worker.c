@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "amqp/broker.h"
@@ -608,18 +607,11 @@ int64_t worker_gather_us(int64_t since_claim_us, size_t rows, int batch_size, bo
 static void gather(struct worker *w, const struct store_batch *x)
 {
 	bool keyed = false;
-	int64_t wait_us;
-	struct timespec ts;
 
 	for (size_t i = 0; i < x->n && !keyed; i++)
 		keyed = x->rows[i].ordering_key != NULL;
-	wait_us = worker_gather_us(clock_mono_us() - w->claim_sent_us, x->n,
-	                           w->cfg->relay_batch_size, keyed);
-	if (wait_us == 0)
-		return;
-	ts.tv_sec = 0;
-	ts.tv_nsec = (long)wait_us * 1000;
-	nanosleep(&ts, NULL);
+	clock_sleep_us(worker_gather_us(clock_mono_us() - w->claim_sent_us, x->n,
+	                                w->cfg->relay_batch_size, keyed));
 }
 
 /* A batch claimed while the previous one waited for its confirms may have little lease left:

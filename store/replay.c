@@ -342,14 +342,6 @@ int store_replay_refused(struct store *s, store_replay_fn fn, void *arg, int64_t
 	return rc;
 }
 
-static void sleep_ms(int64_t ms)
-{
-	struct timespec ts = { .tv_sec = (time_t)(ms / 1000),
-		               .tv_nsec = (long)(ms % 1000) * 1000000 };
-
-	nanosleep(&ts, NULL);
-}
-
 /* How many of the holders $3 (virtual transaction ids) still hold a lock on the sequence $1
  * in database $2, and one of them described for the operator. */
 #define HOLDERS_LEFT_SQL                                                                   \
@@ -421,7 +413,7 @@ static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
 		}
 		PQclear(res);
 		res = NULL;
-		sleep_ms(POLL_MS);
+		clock_sleep_us(POLL_MS * 1000);
 	}
 	PQclear(res);
 	free(holders);
