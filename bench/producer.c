@@ -188,9 +188,8 @@ static bool rounds_of(struct bench *b, int rounds, bool relay, double *with, dou
 		if (isnan(a) || isnan(c))
 			return false;
 		printf("producer: round %d: %d connections, single-row inserts, %d s each, %s: "
-		       "with "
-		       "wake-up %.0f commits/s (%ld notifying commits), without %.0f commits/s "
-		       "(%ld)\n",
+		       "with wake-up %.0f commits/s (%ld notifying commits), without %.0f "
+		       "commits/s (%ld)\n",
 		       r + 1, PRODUCERS, b->opt.phase_s, relay ? "relay running" : "no relay", a,
 		       nw, c, nwo);
 		*with += a;
