@@ -1,37 +1,29 @@
 /* The sd_notify side of the relay (see notify.h). Everything it says comes from g_metrics,
- * which the loops keep up to date; the protocol itself is libsystemd's. */
+ * which the loops keep up to date. The protocol is systemd's documented one (sd_notify(3),
+ * "the notification socket"): one datagram of newline-separated assignments to the AF_UNIX
+ * socket named by NOTIFY_SOCKET, a path or, after '@', a name in the abstract namespace.
+ * Written here rather than linked from libsystemd, which brings six more libraries (gcrypt,
+ * gpg-error, lz4, lzma, zstd, cap) and about 850 kB of resident memory for these few lines. */
 #include "relay/notify.h"
 
+#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "relay/metrics.h"
 
-#ifdef OUTBOX_HAVE_SYSTEMD
-#include <systemd/sd-daemon.h>
-#else
-/* Built without libsystemd: nothing to tell. */
-static int sd_notify(int unset, const char *state)
-{
-	(void)unset;
-	(void)state;
-	return 0;
-}
-
-static int sd_watchdog_enabled(int unset, uint64_t *usec)
-{
-	(void)unset;
-	(void)usec;
-	return 0;
-}
-#endif
-
 #define STATUS_EVERY_MS 10000
 
 static struct {
-	bool enabled; /* NOTIFY_SOCKET is set */
+	bool enabled; /* NOTIFY_SOCKET names a socket we can address */
+	struct sockaddr_un addr;
+	socklen_t addr_len;
 	bool ready;
 	int64_t stale_after_ms;
 	int64_t watchdog_ms; /* 0 = no watchdog */
@@ -40,16 +32,71 @@ static struct {
 	char status[512];
 } g_notify;
 
+/* The address NOTIFY_SOCKET names; false when it names none this side can reach (unset,
+ * empty, too long, or another family such as systemd's "vsock:"). */
+static bool socket_address(const char *name, struct sockaddr_un *addr, socklen_t *len)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	memset(addr, 0, sizeof(*addr));
+	addr->sun_family = AF_UNIX;
+	if (n < 2 || (name[0] != '/' && name[0] != '@') || n >= sizeof(addr->sun_path))
+		return false;
+	memcpy(addr->sun_path, name, n);
+	if (name[0] == '@')
+		addr->sun_path[0] = '\0'; /* abstract: the length, not a NUL, ends the name */
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (name[0] == '/'));
+	return true;
+}
+
+/* Sends one state message; systemd takes the sender's pid from the socket's credentials. */
+static void notify_send(const char *state)
+{
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	ssize_t n;
+
+	if (fd < 0)
+		return;
+	do
+		n = sendto(fd, state, strlen(state), MSG_NOSIGNAL,
+		           (struct sockaddr *)&g_notify.addr, g_notify.addr_len);
+	while (n < 0 && errno == EINTR);
+	close(fd);
+}
+
+/* WATCHDOG_USEC in milliseconds when the watchdog is meant for this process (WATCHDOG_PID
+ * unset or ours), else 0. */
+static int64_t watchdog_ms(void)
+{
+	const char *usec = getenv("WATCHDOG_USEC"), *pid = getenv("WATCHDOG_PID");
+	unsigned long long v;
+	char *end;
+
+	if (!usec || !usec[0])
+		return 0;
+	errno = 0;
+	v = strtoull(usec, &end, 10);
+	if (errno || *end || usec[0] == '-' || v < 2000 || v / 1000 > (unsigned long long)INT64_MAX)
+		return 0;
+	if (pid && pid[0]) {
+		long long p;
+
+		errno = 0;
+		p = strtoll(pid, &end, 10);
+		if (errno || *end || p != (long long)getpid())
+			return 0;
+	}
+	return (int64_t)(v / 1000);
+}
+
 void notify_setup(int64_t stale_after_ms)
 {
-	uint64_t usec = 0;
-	const char *sock = getenv("NOTIFY_SOCKET");
-
 	memset(&g_notify, 0, sizeof(g_notify));
-	g_notify.enabled = sock != NULL && sock[0] != '\0';
+	g_notify.enabled =
+	        socket_address(getenv("NOTIFY_SOCKET"), &g_notify.addr, &g_notify.addr_len);
 	g_notify.stale_after_ms = stale_after_ms;
-	if (g_notify.enabled && sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000)
-		g_notify.watchdog_ms = (int64_t)(usec / 1000);
+	if (g_notify.enabled)
+		g_notify.watchdog_ms = watchdog_ms();
 }
 
 /* Every loop connected to both ends (what /readyz calls ready). */
@@ -105,7 +152,7 @@ void notify_tick(void)
 		/* Ready once rows can move; systemd holds units ordered after us until then. */
 		g_notify.ready = true;
 		snprintf(msg, sizeof(msg), "READY=1\nSTATUS=%s", status);
-		(void)sd_notify(0, msg);
+		notify_send(msg);
 		snprintf(g_notify.status, sizeof(g_notify.status), "%s", status);
 		g_notify.status_at_ms = now;
 	} else if (strcmp(status, g_notify.status) != 0 &&
@@ -113,14 +160,14 @@ void notify_tick(void)
 	            strncmp(status, g_notify.status, 20) != 0)) {
 		/* A change of state at once; moving counts at most every 10 s. */
 		snprintf(msg, sizeof(msg), "STATUS=%s", status);
-		(void)sd_notify(0, msg);
+		notify_send(msg);
 		snprintf(g_notify.status, sizeof(g_notify.status), "%s", status);
 		g_notify.status_at_ms = now;
 	}
 	/* The watchdog is fed only while every loop ticks: a stuck loop makes systemd restart
 	 * the relay (WatchdogSec=), as /healthz would make an orchestrator do. */
 	if (g_notify.watchdog_ms > 0 && now >= g_notify.next_ping_ms && all_ticking(workers, now)) {
-		(void)sd_notify(0, "WATCHDOG=1");
+		notify_send("WATCHDOG=1");
 		g_notify.next_ping_ms = now + g_notify.watchdog_ms / 2;
 	}
 }
@@ -132,5 +179,5 @@ void notify_stopping(const char *why)
 	if (!g_notify.enabled)
 		return;
 	snprintf(msg, sizeof(msg), "STOPPING=1\nSTATUS=stopping: %s", why);
-	(void)sd_notify(0, msg);
+	notify_send(msg);
 }

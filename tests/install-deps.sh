@@ -7,7 +7,7 @@ set -euo pipefail
 caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
-	procps iproute2 util-linux clang-format pgbouncer clang cppcheck libsystemd-dev
+	procps iproute2 util-linux clang-format pgbouncer clang cppcheck
 	dpkg-dev systemd adduser man-db groff-base mandoc)
 # The Debian packages and the man page: dpkg-dev has dpkg-shlibdeps (CPack's library
 # dependencies) and dpkg-buildflags; systemd has systemd-analyze (the unit is verified offline,

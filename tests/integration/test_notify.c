@@ -1,9 +1,10 @@
 /* The systemd notify protocol as a Type=notify unit sees it: the test binds the AF_UNIX
  * datagram socket NOTIFY_SOCKET names and starts the relay itself, with WATCHDOG_USEC and
- * WATCHDOG_PID = the relay's own pid (a shell that execs it: libsystemd ignores the watchdog
- * when WATCHDOG_PID names another process). READY=1 comes only once the broker is reachable
- * too, STATUS= lines come, WATCHDOG=1 comes at about half the interval, stops while a relay
- * loop is stuck and comes back once it moves, STOPPING=1 comes at SIGTERM.
+ * WATCHDOG_PID = the relay's own pid (a shell that execs it: the relay ignores the watchdog
+ * when WATCHDOG_PID names another process, as libsystemd does). READY=1 comes only once the
+ * broker is reachable too, STATUS= lines come, WATCHDOG=1 comes at about half the interval,
+ * stops while a relay loop is stuck and comes back once it moves, STOPPING=1 comes at SIGTERM.
+ * The socket may be a path or a name in the abstract namespace ('@').
  *
  * A loop is stuck when it has not ticked within the /healthz bound. The loops tick inside
  * their long waits, so the test makes one block where no tick reaches: a write(2) to stderr,
@@ -17,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,18 +48,29 @@ struct notify {
 	size_t n;
 };
 
-static void notify_open(struct notify *s)
+/* A socket at a path under a fresh directory, or (abstract) one in the abstract namespace,
+ * which NOTIFY_SOCKET names with a leading '@' (systemd uses both). */
+static void notify_open(struct notify *s, bool abstract)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	socklen_t len = sizeof(addr);
 
 	memset(s, 0, sizeof(*s));
-	snprintf(s->dir, sizeof(s->dir), "/tmp/outbox-notify.XXXXXX");
-	cr_assert_not_null(mkdtemp(s->dir));
-	snprintf(s->path, sizeof(s->path), "%s/notify", s->dir);
-	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", s->path);
+	if (abstract) {
+		snprintf(s->path, sizeof(s->path), "@outbox-notify.%ld.%lld", (long)getpid(),
+		         (long long)harness_now_ms());
+		memcpy(addr.sun_path, s->path, strlen(s->path));
+		addr.sun_path[0] = '\0';
+		len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(s->path));
+	} else {
+		snprintf(s->dir, sizeof(s->dir), "/tmp/outbox-notify.XXXXXX");
+		cr_assert_not_null(mkdtemp(s->dir));
+		snprintf(s->path, sizeof(s->path), "%s/notify", s->dir);
+		snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", s->path);
+	}
 	s->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	cr_assert_geq(s->fd, 0);
-	cr_assert_eq(bind(s->fd, (struct sockaddr *)&addr, sizeof(addr)), 0, "bind %s: %s", s->path,
+	cr_assert_eq(bind(s->fd, (struct sockaddr *)&addr, len), 0, "bind %s: %s", s->path,
 	             strerror(errno));
 	s->v = calloc(MAX_MESSAGES, sizeof(*s->v));
 	cr_assert_not_null(s->v);
@@ -67,8 +80,10 @@ static void notify_close(struct notify *s)
 {
 	if (s->fd >= 0)
 		close(s->fd);
-	unlink(s->path);
-	rmdir(s->dir);
+	if (s->dir[0]) {
+		unlink(s->path);
+		rmdir(s->dir);
+	}
 	free(s->v);
 }
 
@@ -148,17 +163,20 @@ static size_t count_line(const struct notify *s, size_t from, const char *line)
 	return n;
 }
 
-/* The relay under `sh -c 'WATCHDOG_PID=$$ exec relay run'`: the shell's pid is the relay's.
- * stderr goes to err_fd (-1: a log file under relay-logs is not needed here, /dev/null). */
+/* The relay under `sh -c 'WATCHDOG_PID=$$ exec relay run'`: the shell's pid is the relay's
+ * (watchdog_pid, when not NULL, is put there instead). stderr goes to err_fd (-1: a log file
+ * under relay-logs is not needed here, /dev/null). */
 static pid_t start_relay(const char *table, const char *amqp_url, const char *const *extra,
-                         int err_fd)
+                         int err_fd, const char *watchdog_pid)
 {
 	struct process_env e = { 0 };
-	char *argv[] = { "/bin/sh", "-c", "WATCHDOG_PID=$$; export WATCHDOG_PID; exec \"$0\" run",
-		         (char *)harness_relay_bin(), NULL };
+	char script[128];
+	char *argv[] = { "/bin/sh", "-c", script, (char *)harness_relay_bin(), NULL };
 	int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
 	pid_t pid;
 
+	snprintf(script, sizeof(script), "WATCHDOG_PID=%s; export WATCHDOG_PID; exec \"$0\" run",
+	         watchdog_pid ? watchdog_pid : "$$");
 	cr_assert_geq(devnull, 0);
 	cr_assert_eq(process_env_relay(&e, harness_pg_conninfo(), amqp_url, table, extra), 0);
 	pid = process_spawn(argv, e.v, devnull, err_fd >= 0 ? err_fd : devnull);
@@ -215,7 +233,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 
 	harness_unique_name(table, sizeof(table), "notify_ready");
 	harness_migrate(table);
-	notify_open(&s);
+	notify_open(&s, false);
 	/* The broker behind a proxy that refuses every connection: the database connects, the
 	 * broker does not, and the relay keeps trying. */
 	proxy = proxy_start(harness_amqp_port());
@@ -228,7 +246,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	pid = start_relay(table, url,
 	                  (const char *const[]){ e_sock, e_usec, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
 	                                         "OUTBOX_LOG_LEVEL=debug", NULL },
-	                  log_fd);
+	                  log_fd, NULL);
 
 	/* Not ready while the broker refuses: wait until the relay has been turned away twice
 	 * (the first failure logs at warn, later ones at debug). */
@@ -291,6 +309,46 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	close(log_fd);
 	unlink(log_path);
 	proxy_stop(proxy);
+	notify_close(&s);
+}
+
+/* NOTIFY_SOCKET in the abstract namespace ("@name"), and WATCHDOG_PID naming another process
+ * (here the test's): READY=1 and STOPPING=1 arrive, WATCHDOG=1 never does. The first ping is
+ * due in the same tick as READY=1, so a relay that took the watchdog for its own would send it
+ * at once, whatever the machine's load; the two intervals waited besides only add to that. */
+Test(notify, abstract_socket_and_a_watchdog_meant_for_another_process, .timeout = 600)
+{
+	char table[64], e_sock[200], e_usec[64], other[32];
+	struct notify s;
+	pid_t pid;
+	long ready, stopping;
+	int64_t deadline;
+	int st;
+
+	harness_unique_name(table, sizeof(table), "notify_abstract");
+	harness_migrate(table);
+	notify_open(&s, true);
+	snprintf(e_sock, sizeof(e_sock), "NOTIFY_SOCKET=%s", s.path);
+	snprintf(e_usec, sizeof(e_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
+	snprintf(other, sizeof(other), "%ld", (long)getpid());
+	pid = start_relay(
+	        table, harness_amqp_url(),
+	        (const char *const[]){ e_sock, e_usec, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
+	        -1, other);
+	ready = notify_wait(&s, 0, "READY=1", STATE_TIMEOUT_MS, -1);
+	cr_expect_geq(ready, 0, "no READY=1 through the abstract socket %s", s.path);
+	deadline = harness_now_ms() + 2 * WATCHDOG_MS;
+	while (ready >= 0 && harness_now_ms() < deadline)
+		notify_read(&s, 100);
+	cr_expect_eq(kill(pid, SIGTERM), 0);
+	stopping = notify_wait(&s, 0, "STOPPING=1", 60000, -1);
+	cr_expect_geq(stopping, 0, "no STOPPING=1 at SIGTERM through the abstract socket");
+	cr_expect_lt(notify_find(&s, 0, "WATCHDOG=1"), 0,
+	             "WATCHDOG=1 while WATCHDOG_PID names another process (%s)", other);
+	st = process_wait(pid, 60000, NULL);
+	cr_expect_eq(st, 0, "the relay exited %d after SIGTERM", st);
+	if (st != 0)
+		process_kill(pid);
 	notify_close(&s);
 }
 
@@ -372,7 +430,7 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 
 	harness_unique_name(table, sizeof(table), "notify_stuck");
 	harness_migrate(table);
-	notify_open(&s);
+	notify_open(&s, false);
 	snprintf(e_sock, sizeof(e_sock), "NOTIFY_SOCKET=%s", s.path);
 	snprintf(e_usec, sizeof(e_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
@@ -389,7 +447,7 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	        (const char *const[]){ e_sock, e_usec, e_listen, "OUTBOX_RELAY_POLL_INTERVAL=100ms",
 	                               "OUTBOX_AMQP_CONFIRM_TIMEOUT=1s", "OUTBOX_RELAY_LEASE=30s",
 	                               "OUTBOX_LOG_LEVEL=warn", NULL },
-	        pipefd[1]);
+	        pipefd[1], NULL);
 	close(pipefd[1]);
 	i = notify_wait(&s, 0, "READY=1", STATE_TIMEOUT_MS, pipefd[0]);
 	cr_assert_geq(i, 0, "no READY=1");
