@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -200,6 +201,73 @@ static bool rounds_of(struct bench *b, int rounds, bool relay, double *with, dou
 	return true;
 }
 
+/* The trigger's own cost per INSERT statement, in server time: one session inserts
+ * TC_ROUNDS x 2 blocks of TC_BLOCK single-row statements (the producers' statement) into a table
+ * with the wake-up and one without, alternating block by block (the order swapped every round),
+ * and clock_timestamp() around each block. Interleaved that finely, a drift of the machine
+ * falls on both alike: the commit-rate phases above move by a fifth between rounds, this by a
+ * few percent. Nobody holds the wake-up lock, so the trigger's WHEN is false: what every
+ * producer pays while relays are busy. One transaction: no commit in the figure. */
+#define TC_ROUNDS 40
+#define TC_BLOCK  500
+
+static void trigger_cost(struct bench *b)
+{
+	const char *what = "producer";
+	PGconn *c = db_open(b, what);
+	char sql[4096];
+	PGresult *r = NULL;
+	double with_us, without_us;
+
+	if (!c)
+		return;
+	if (db_table_fresh(b, c, what, "bench_tc_with") != 0 ||
+	    db_table_fresh(b, c, what, "bench_tc_without") != 0 ||
+	    db_drop_triggers(b, c, what, "bench_tc_without", NULL) != 0 ||
+	    db_exec(b, c, what,
+	            "CREATE TEMP TABLE bench_tc_result (with_s float8, without_s float8)") != 0)
+		goto out;
+	snprintf(
+	        sql, sizeof(sql),
+	        "DO $tc$ DECLARE body text := repeat('x', %d); t0 timestamptz; w float8 := 0;"
+	        " wo float8 := 0; n bigint := 0;"
+	        " BEGIN FOR r IN 1..%d LOOP FOR half IN 0..1 LOOP t0 := clock_timestamp();"
+	        " IF (half + r) %% 2 = 0 THEN"
+	        "  FOR i IN 1..%d LOOP n := n + 1; INSERT INTO bench_tc_with (id, exchange_name,"
+	        "   routing_key, body) VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO "
+	        "NOTHING;"
+	        "  END LOOP; w := w + extract(epoch FROM clock_timestamp() - t0);"
+	        " ELSE"
+	        "  FOR i IN 1..%d LOOP n := n + 1; INSERT INTO bench_tc_without (id, exchange_name,"
+	        "   routing_key, body) VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO "
+	        "NOTHING;"
+	        "  END LOOP; wo := wo + extract(epoch FROM clock_timestamp() - t0);"
+	        " END IF; END LOOP; END LOOP;"
+	        " INSERT INTO bench_tc_result VALUES (w, wo); END $tc$",
+	        BENCH_BODY_LEN, TC_ROUNDS, TC_BLOCK, TC_BLOCK);
+	if (db_exec(b, c, what, sql) != 0)
+		goto out;
+	r = PQexec(c, "SELECT with_s, without_s FROM bench_tc_result");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+		bench_fail(b, what, "could not read the trigger's cost: %s", PQerrorMessage(c));
+		goto out;
+	}
+	with_us = atof(PQgetvalue(r, 0, 0)) * 1e6 / (TC_ROUNDS * TC_BLOCK);
+	without_us = atof(PQgetvalue(r, 0, 1)) * 1e6 / (TC_ROUNDS * TC_BLOCK);
+	bench_set(b, "trigger_us", with_us - without_us);
+	printf("producer: the trigger's own cost (one session, %d single-row INSERT statements "
+	       "into "
+	       "each table, interleaved %d at a time, server time, no commit): with wake-up %.1f "
+	       "us, without %.1f us per statement (+%.1f us, %+.0f %%)\n",
+	       TC_ROUNDS * TC_BLOCK, TC_BLOCK, with_us, without_us, with_us - without_us,
+	       100.0 * (with_us - without_us) / without_us);
+out:
+	PQclear(r);
+	db_table_drop(c, "bench_tc_with");
+	db_table_drop(c, "bench_tc_without");
+	PQfinish(c);
+}
+
 /* As in production, with the relay draining the table (four rounds in a full run: two moved
  * the ratio between 0.60 and 0.92 from run to run). With the wake-up the relay also answers a
  * trickle at once, in small batches that cost the shared cores more per row than the large
@@ -225,4 +293,5 @@ void measure_producer(struct bench *b)
 	printf("producer: no relay (the trigger alone): with %.0f commits/s, without %.0f "
 	       "commits/s; ratio %.2f\n",
 	       alone_with, alone_without, alone);
+	trigger_cost(b);
 }
