@@ -44,6 +44,7 @@ struct message {
 struct notify {
 	int fd;
 	char dir[48], path[96];
+	char env_sock[128], env_usec[64]; /* NOTIFY_SOCKET=path, WATCHDOG_USEC=WATCHDOG_MS */
 	struct message *v;
 	size_t n;
 };
@@ -72,6 +73,8 @@ static void notify_open(struct notify *s, bool abstract)
 	cr_assert_geq(s->fd, 0);
 	cr_assert_eq(bind(s->fd, (struct sockaddr *)&addr, len), 0, "bind %s: %s", s->path,
 	             strerror(errno));
+	snprintf(s->env_sock, sizeof(s->env_sock), "NOTIFY_SOCKET=%s", s->path);
+	snprintf(s->env_usec, sizeof(s->env_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
 	s->v = calloc(MAX_MESSAGES, sizeof(*s->v));
 	cr_assert_not_null(s->v);
 }
@@ -221,8 +224,7 @@ static void dump_log(int fd)
 
 Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 600)
 {
-	char table[64], url[128], e_sock[200], e_usec[64],
-	        log_path[] = "/tmp/outbox-notify-log.XXXXXX";
+	char table[64], url[128], log_path[] = "/tmp/outbox-notify-log.XXXXXX";
 	struct notify s;
 	struct proxy *proxy;
 	pid_t pid;
@@ -239,12 +241,11 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	proxy = proxy_start(harness_amqp_port());
 	proxy_refuse(proxy, true);
 	snprintf(url, sizeof(url), "amqp://guest:guest@127.0.0.1:%d", proxy_port(proxy));
-	snprintf(e_sock, sizeof(e_sock), "NOTIFY_SOCKET=%s", s.path);
-	snprintf(e_usec, sizeof(e_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
 	log_fd = mkstemp(log_path);
 	cr_assert_geq(log_fd, 0);
 	pid = start_relay(table, url,
-	                  (const char *const[]){ e_sock, e_usec, "OUTBOX_RELAY_POLL_INTERVAL=200ms",
+	                  (const char *const[]){ s.env_sock, s.env_usec,
+	                                         "OUTBOX_RELAY_POLL_INTERVAL=200ms",
 	                                         "OUTBOX_LOG_LEVEL=debug", NULL },
 	                  log_fd, NULL);
 
@@ -318,7 +319,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
  * at once, whatever the machine's load; the two intervals waited besides only add to that. */
 Test(notify, abstract_socket_and_a_watchdog_meant_for_another_process, .timeout = 600)
 {
-	char table[64], e_sock[200], e_usec[64], other[32];
+	char table[64], other[32];
 	struct notify s;
 	pid_t pid;
 	long ready, stopping;
@@ -328,13 +329,11 @@ Test(notify, abstract_socket_and_a_watchdog_meant_for_another_process, .timeout 
 	harness_unique_name(table, sizeof(table), "notify_abstract");
 	harness_migrate(table);
 	notify_open(&s, true);
-	snprintf(e_sock, sizeof(e_sock), "NOTIFY_SOCKET=%s", s.path);
-	snprintf(e_usec, sizeof(e_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
 	snprintf(other, sizeof(other), "%ld", (long)getpid());
-	pid = start_relay(
-	        table, harness_amqp_url(),
-	        (const char *const[]){ e_sock, e_usec, "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
-	        -1, other);
+	pid = start_relay(table, harness_amqp_url(),
+	                  (const char *const[]){ s.env_sock, s.env_usec,
+	                                         "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
+	                  -1, other);
 	ready = notify_wait(&s, 0, "READY=1", STATE_TIMEOUT_MS, -1);
 	cr_expect_geq(ready, 0, "no READY=1 through the abstract socket %s", s.path);
 	deadline = harness_now_ms() + 2 * WATCHDOG_MS;
@@ -415,7 +414,7 @@ static void dead_row(size_t i, struct harness_row *row, void *arg)
 
 Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 {
-	char table[64], e_sock[200], e_usec[64], e_listen[96], listen[64];
+	char table[64], e_listen[96], listen[64];
 	struct notify s;
 	struct healthz_want w;
 	struct probe_reply r;
@@ -431,8 +430,6 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	harness_unique_name(table, sizeof(table), "notify_stuck");
 	harness_migrate(table);
 	notify_open(&s, false);
-	snprintf(e_sock, sizeof(e_sock), "NOTIFY_SOCKET=%s", s.path);
-	snprintf(e_usec, sizeof(e_usec), "WATCHDOG_USEC=%d", WATCHDOG_MS * 1000);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", listen);
 	/* stderr is a pipe of one page that the test reads only when it wants the relay to
@@ -442,12 +439,13 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	(void)fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
 	/* The shortest bound the configuration allows: 5 x 100ms + 1s + 10s. log.level=warn: the
 	 * main thread's summary line (info) would block on the full pipe too. */
-	pid = start_relay(
-	        table, harness_amqp_url(),
-	        (const char *const[]){ e_sock, e_usec, e_listen, "OUTBOX_RELAY_POLL_INTERVAL=100ms",
-	                               "OUTBOX_AMQP_CONFIRM_TIMEOUT=1s", "OUTBOX_RELAY_LEASE=30s",
-	                               "OUTBOX_LOG_LEVEL=warn", NULL },
-	        pipefd[1], NULL);
+	pid = start_relay(table, harness_amqp_url(),
+	                  (const char *const[]){ s.env_sock, s.env_usec, e_listen,
+	                                         "OUTBOX_RELAY_POLL_INTERVAL=100ms",
+	                                         "OUTBOX_AMQP_CONFIRM_TIMEOUT=1s",
+	                                         "OUTBOX_RELAY_LEASE=30s", "OUTBOX_LOG_LEVEL=warn",
+	                                         NULL },
+	                  pipefd[1], NULL);
 	close(pipefd[1]);
 	i = notify_wait(&s, 0, "READY=1", STATE_TIMEOUT_MS, pipefd[0]);
 	cr_assert_geq(i, 0, "no READY=1");
