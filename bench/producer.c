@@ -242,24 +242,22 @@ static void trigger_cost(struct bench *b)
 	    db_exec(b, c, what,
 	            "CREATE TEMP TABLE bench_tc_result (with_s float8, without_s float8)") != 0)
 		goto out;
-	snprintf(
-	        sql, sizeof(sql),
-	        "DO $tc$ DECLARE body text := repeat('x', %d); t0 timestamptz; w float8 := 0;"
-	        " wo float8 := 0; n bigint := 0;"
-	        " BEGIN FOR r IN 1..%d LOOP FOR half IN 0..1 LOOP t0 := clock_timestamp();"
-	        " IF (half + r) %% 2 = 0 THEN"
-	        "  FOR i IN 1..%d LOOP n := n + 1; INSERT INTO bench_tc_with (id, exchange_name,"
-	        "   routing_key, body) VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO "
-	        "NOTHING;"
-	        "  END LOOP; w := w + extract(epoch FROM clock_timestamp() - t0);"
-	        " ELSE"
-	        "  FOR i IN 1..%d LOOP n := n + 1; INSERT INTO bench_tc_without (id, exchange_name,"
-	        "   routing_key, body) VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO "
-	        "NOTHING;"
-	        "  END LOOP; wo := wo + extract(epoch FROM clock_timestamp() - t0);"
-	        " END IF; END LOOP; END LOOP;"
-	        " INSERT INTO bench_tc_result VALUES (w, wo); END $tc$",
-	        BENCH_BODY_LEN, TC_ROUNDS, TC_BLOCK, TC_BLOCK);
+	snprintf(sql, sizeof(sql),
+	         "DO $tc$ DECLARE body text := repeat('x', %d); t0 timestamptz;"
+	         " w float8 := 0; wo float8 := 0; n bigint := 0;"
+	         " BEGIN FOR r IN 1..%d LOOP FOR half IN 0..1 LOOP"
+	         " t0 := clock_timestamp();"
+	         " IF (half + r) %% 2 = 0 THEN FOR i IN 1..%d LOOP n := n + 1;"
+	         " INSERT INTO bench_tc_with (id, exchange_name, routing_key, body)"
+	         " VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO NOTHING;"
+	         " END LOOP; w := w + extract(epoch FROM clock_timestamp() - t0);"
+	         " ELSE FOR i IN 1..%d LOOP n := n + 1;"
+	         " INSERT INTO bench_tc_without (id, exchange_name, routing_key, body)"
+	         " VALUES ('tc' || n, '', 'k', body) ON CONFLICT (id) DO NOTHING;"
+	         " END LOOP; wo := wo + extract(epoch FROM clock_timestamp() - t0);"
+	         " END IF; END LOOP; END LOOP;"
+	         " INSERT INTO bench_tc_result VALUES (w, wo); END $tc$",
+	         BENCH_BODY_LEN, TC_ROUNDS, TC_BLOCK, TC_BLOCK);
 	if (db_exec(b, c, what, sql) != 0)
 		goto out;
 	r = PQexec(c, "SELECT with_s, without_s FROM bench_tc_result");
@@ -276,10 +274,9 @@ static void trigger_cost(struct bench *b)
 	with_us *= 1e6 / (TC_ROUNDS * TC_BLOCK);
 	without_us *= 1e6 / (TC_ROUNDS * TC_BLOCK);
 	bench_set(b, "trigger_us", with_us - without_us);
-	printf("producer: the trigger's own cost (one session, %d single-row INSERT statements "
-	       "into "
-	       "each table, interleaved %d at a time, server time, no commit): with wake-up %.1f "
-	       "us, without %.1f us per statement (+%.1f us, %+.0f %%)\n",
+	printf("producer: the trigger's own cost (one session, %d single-row INSERT statements"
+	       " into each table, interleaved %d at a time, server time, no commit):"
+	       " with wake-up %.1f us, without %.1f us per statement (+%.1f us, %+.0f %%)\n",
 	       TC_ROUNDS * TC_BLOCK, TC_BLOCK, with_us, without_us, with_us - without_us,
 	       100.0 * (with_us - without_us) / without_us);
 out:
