@@ -16,9 +16,11 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "relay/log.h"
 #include "relay/metrics.h"
 
 #define STATUS_EVERY_MS 10000
+#define WARN_EVERY_MS   60000
 
 static struct {
 	bool enabled; /* NOTIFY_SOCKET names a socket we can address */
@@ -30,6 +32,9 @@ static struct {
 	int64_t next_ping_ms;
 	int64_t status_at_ms;
 	char status[512];
+	char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* NOTIFY_SOCKET, for the log */
+	int64_t warned_at_ms;   /* 0 = no failed send logged yet */
+	unsigned long failures; /* sends that failed since the last warning */
 } g_notify;
 
 /* The address NOTIFY_SOCKET names; false when it names none this side can reach (unset,
@@ -49,19 +54,38 @@ static bool socket_address(const char *name, struct sockaddr_un *addr, socklen_t
 	return true;
 }
 
-/* Sends one state message; systemd takes the sender's pid from the socket's credentials. */
+/* Sends one state message; systemd takes the sender's pid from the socket's credentials. A
+ * failure is logged at most once a minute, with the number of sends that failed since the
+ * last such line: under systemd a READY=1 that never arrives shows only as a start timeout,
+ * and lost WATCHDOG=1s as a restart, and this line says why. */
 static void notify_send(const char *state)
 {
-	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0), err = 0;
+	int64_t now;
 	ssize_t n;
 
-	if (fd < 0)
+	if (fd < 0) {
+		err = errno;
+	} else {
+		do
+			n = sendto(fd, state, strlen(state), MSG_NOSIGNAL,
+			           (struct sockaddr *)&g_notify.addr, g_notify.addr_len);
+		while (n < 0 && errno == EINTR);
+		if (n < 0)
+			err = errno;
+		close(fd);
+	}
+	if (err == 0)
 		return;
-	do
-		n = sendto(fd, state, strlen(state), MSG_NOSIGNAL,
-		           (struct sockaddr *)&g_notify.addr, g_notify.addr_len);
-	while (n < 0 && errno == EINTR);
-	close(fd);
+	g_notify.failures++;
+	now = clock_mono_ms();
+	if (g_notify.warned_at_ms != 0 && now - g_notify.warned_at_ms < WARN_EVERY_MS)
+		return;
+	log_event(LOG_WARN, "relay", "could not notify the service manager",
+	          LOG_STR("notify_socket", g_notify.socket), LOG_STR("error", strerror(err)),
+	          LOG_UINT("failed_sends", g_notify.failures));
+	g_notify.warned_at_ms = now;
+	g_notify.failures = 0;
 }
 
 /* WATCHDOG_USEC in milliseconds when the watchdog is meant for this process (WATCHDOG_PID
@@ -95,8 +119,10 @@ void notify_setup(int64_t stale_after_ms)
 	g_notify.enabled =
 	        socket_address(getenv("NOTIFY_SOCKET"), &g_notify.addr, &g_notify.addr_len);
 	g_notify.stale_after_ms = stale_after_ms;
-	if (g_notify.enabled)
+	if (g_notify.enabled) {
+		snprintf(g_notify.socket, sizeof(g_notify.socket), "%s", getenv("NOTIFY_SOCKET"));
 		g_notify.watchdog_ms = watchdog_ms();
+	}
 }
 
 /* Every loop connected to both ends (what /readyz calls ready). */

@@ -26,6 +26,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 #include "tests/support/http_probe.h"
 #include "tests/support/process.h"
@@ -511,4 +512,59 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	PQfinish(pg);
 	close(pipefd[0]);
 	notify_close(&s);
+}
+
+/* A NOTIFY_SOCKET that refuses every datagram (a socket file nobody reads any more): the
+ * relay says so in its log, naming the socket, once a minute at most, and keeps relaying.
+ * Its sends fail at least twice here, READY=1 and STOPPING=1 (besides WATCHDOG=1 every
+ * second), so a second line within the minute would be a line per failure. */
+Test(notify, a_socket_that_refuses_is_logged_once_a_minute, .timeout = 600)
+{
+	const char *needle = "could not notify the service manager";
+	struct fixture fx;
+	struct notify s;
+	struct harness_relay *r;
+	char *log, *line, want[160];
+	int64_t started, lived;
+	int st, lines;
+
+	fixture_setup(&fx, "notify_refused", NULL);
+	notify_open(&s, false);
+	close(s.fd); /* the path stays, a socket with no one behind it: ECONNREFUSED */
+	s.fd = -1;
+	started = harness_now_ms();
+	r = fixture_relay_start(&fx, (const char *const[]){ s.env_sock, s.env_usec, NULL });
+
+	if (!fixture_wait_logged(&fx, needle, STATE_TIMEOUT_MS))
+		fixture_dump_logs(&fx);
+	cr_assert(fixture_logged(&fx, needle), "no log line when NOTIFY_SOCKET refused");
+	log = harness_relay_log(r);
+	cr_assert_not_null(log);
+	for (line = strstr(log, needle); line > log && line[-1] != '\n'; line--)
+		;
+	line[strcspn(line, "\n")] = '\0';
+	snprintf(want, sizeof(want), "notify_socket=%s ", s.path);
+	cr_expect_not_null(strstr(line, want), "the line does not name the socket: %s", line);
+	cr_expect_not_null(strstr(line, "error=\"Connection refused\""), "%s", line);
+	cr_expect_not_null(strstr(line, "failed_sends=1"), "%s", line);
+	cr_expect_not_null(strstr(line, "level=warn component=relay "), "%s", line);
+	free(log);
+
+	/* Rows still go through while systemd cannot hear the relay. */
+	harness_insert_rows(fx.pg, fx.table, 20, fx.exchange, "notify.refused", "nr", NULL, NULL);
+	fixture_expect_unique(&fx, fx.cons, 20, STATE_TIMEOUT_MS);
+
+	st = harness_relay_stop(r, SIGTERM, 60000);
+	lived = harness_now_ms() - started;
+	cr_expect_eq(st, 0, "the relay exited %d after SIGTERM", st);
+	lines = fixture_log_count(&fx, needle);
+	if (lived < 55000)
+		cr_expect_eq(lines, 1, "%d lines for failed sends within %lld ms", lines,
+		             (long long)lived);
+	else
+		cr_log_warn("the relay ran %lld ms, more than the minute between lines; its %d "
+		            "lines are not counted",
+		            (long long)lived, lines);
+	notify_close(&s);
+	fixture_teardown(&fx);
 }
