@@ -1,10 +1,15 @@
 /* A broker restart is the broker's outage only. While rows are committed steadily, RabbitMQ is
  * restarted three times (the application, the whole node, the application again), each time
- * while the relay drains a burst of rows, so in the middle of a batch while the previous
- * batch's mark is on its way to the database: the relay's database connection stays up
- * throughout (outbox_relay_database_up, sampled every 50 ms, never reads 0, and /readyz never
- * blames the database), nothing goes wrong on the database side in the log, and every committed
- * row arrives. */
+ * in the middle of a batch, with a burst of rows left to drain: the relay's database
+ * connection stays up throughout (outbox_relay_database_up, sampled every 50 ms, never reads
+ * 0, and /readyz never blames the database), nothing goes wrong on the database side in the
+ * log, and every committed row arrives.
+ *
+ * The relay reaches the broker through a proxy. Before each restart the proxy holds what the
+ * relay sends while the broker's own bytes still reach it: the relay publishes its next batch
+ * into the proxy and waits for confirms that cannot come (the confirm timeout is raised so
+ * that it waits), so the restart finds it inside a batch whatever the machine's speed. A
+ * burst alone raced the relay: on a fast run it was drained before rabbitmqctl took effect. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <pthread.h>
@@ -15,6 +20,7 @@
 
 #include "tests/support/fault.h"
 #include "tests/support/http_probe.h"
+#include "tests/support/tcp_proxy.h"
 
 #define MAX_ROWS   500000
 #define SAMPLE_MS  50
@@ -53,6 +59,12 @@ struct sampler {
 	 * join. */
 	char first_down[160], first_readyz[160];
 };
+
+/* Static, not on the test's stack: a failed assertion leaves the test function while the
+ * thread still runs, and the fini stops it. */
+static struct sampler sampler;
+static bool sampling;
+static struct proxy *mq_proxy;
 
 /* The value of the gauge in a /metrics body, -1 when it is not there. */
 static long gauge(const char *body, const char *name)
@@ -189,41 +201,77 @@ static bool database_up_reads_1(void *arg)
 	return ok;
 }
 
-Test(fault, broker_restart_keeps_the_database_up, .timeout = 800, .fini = restore_broker)
+/* Whatever happened: the sampler stopped, the broker running, the proxy gone. */
+static void finish(void)
+{
+	if (sampling) {
+		atomic_store(&sampler.stop, true);
+		pthread_join(sampler.thread, NULL);
+		sampling = false;
+	}
+	restore_broker();
+	proxy_stop(mq_proxy);
+	mq_proxy = NULL;
+}
+
+/* Unpublished rows that a relay holds a lease on: a batch in flight. */
+static int64_t leased(struct fixture *f)
+{
+	return harness_pg_int(f->pg,
+	                      "SELECT count(*) FROM %s"
+	                      " WHERE locked_by IS NOT NULL AND published_at IS NULL",
+	                      f->table);
+}
+
+Test(fault, broker_restart_keeps_the_database_up, .timeout = 800, .fini = finish)
 {
 	struct fixture f;
 	struct fault_producer *prod;
 	struct harness_relay *relay;
-	struct sampler s;
-	char e_listen[96];
+	const char *amqp = harness_amqp_url(), *colon = strrchr(amqp, ':');
+	char e_listen[96], e_amqp[256];
 	size_t n, lost;
 	int trouble;
 
 	fixture_setup(&f, "fault_brkdb", NULL);
-	memset(&s, 0, sizeof(s));
-	snprintf(s.listen, sizeof(s.listen), "127.0.0.1:%d", probe_free_port());
-	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", s.listen);
+	memset(&sampler, 0, sizeof(sampler));
+	snprintf(sampler.listen, sizeof(sampler.listen), "127.0.0.1:%d", probe_free_port());
+	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", sampler.listen);
+	mq_proxy = proxy_start(harness_amqp_port());
+	cr_assert_not_null(colon);
+	snprintf(e_amqp, sizeof(e_amqp), "OUTBOX_AMQP_URL=%.*s:%d", (int)(colon - amqp), amqp,
+	         proxy_port(mq_proxy));
 	prod = fault_producer_start(&f, "bdb", 20, 20, MAX_ROWS);
-	/* Nothing is killed here: a lease well beyond the confirm timeout. */
-	relay = fault_relay_start(
-	        &f, (const char *const[]){ e_listen, "OUTBOX_RELAY_LEASE=10s", NULL });
+	/* Nothing is killed here. The relay waits for confirms as long as it takes the broker to
+	 * go (the proxy holds its publishes meanwhile), and the lease must exceed that wait. */
+	relay = fault_relay_start(&f, (const char *const[]){ e_listen, e_amqp,
+	                                                     "OUTBOX_AMQP_CONFIRM_TIMEOUT=60s",
+	                                                     "OUTBOX_RELAY_LEASE=120s", NULL });
 	fixture_expect_unique(&f, f.cons, 2000, FAULT_DELIVERY_TIMEOUT_MS);
-	cr_assert(harness_wait_until(database_up_reads_1, s.listen, 30000),
+	cr_assert(harness_wait_until(database_up_reads_1, sampler.listen, 30000),
 	          "outbox_relay_database_up never read 1");
-	atomic_init(&s.stop, false);
-	cr_assert_eq(pthread_create(&s.thread, NULL, sampler_main, &s), 0);
+	atomic_init(&sampler.stop, false);
+	cr_assert_eq(pthread_create(&sampler.thread, NULL, sampler_main, &sampler), 0);
+	sampling = true;
 
 	for (size_t i = 0; i < N_RESTARTS; i++) {
 		int lost_before = fixture_log_count(&f, lost_line);
 		int back_before = fixture_log_count(&f, back_line);
 		int in_batch_before = fixture_log_count(&f, in_batch_line);
+		int64_t in_flight = 0;
 		char burst[16];
 
-		/* A backlog keeps the relay publishing batch after batch when the broker goes. */
+		/* With the burst to drain the relay always has a next batch. From the hold on, the
+		 * batch it publishes goes into the proxy and no confirm comes back, so it stays
+		 * inside a batch (of the burst or of the producer's rows) until the broker goes. */
 		snprintf(burst, sizeof(burst), "bst%zu", i);
 		harness_insert_rows(f.pg, f.table, BURST_ROWS, f.exchange, "fault.burst", burst,
 		                    NULL, NULL);
-		harness_sleep_ms(300);
+		proxy_hold(mq_proxy, true);
+		/* Seen once is enough: a batch sent before the hold may still be confirmed and
+		 * marked, and the next one is then held. */
+		HARNESS_WAIT((in_flight = leased(&f)) > 0, FAULT_LOG_TIMEOUT_MS);
+		cr_assert_gt(in_flight, 0, "no batch in flight after burst %zu", i + 1);
 		fprintf(stderr, "broker_restart_db: restart %zu (%s) with %zu rows committed\n",
 		        i + 1, restarts[i].name,
 		        fault_producer_committed(prod) + (i + 1) * BURST_ROWS);
@@ -231,6 +279,7 @@ Test(fault, broker_restart_keeps_the_database_up, .timeout = 800, .fini = restor
 		expect_logged_more(&f, lost_line, lost_before, restarts[i].name);
 		/* The restart hit a batch (not an idle loop), the case this test is about. */
 		expect_logged_more(&f, in_batch_line, in_batch_before, restarts[i].name);
+		proxy_hold(mq_proxy, false);
 		harness_sleep_ms(1000); /* rows keep being committed meanwhile */
 		restarts[i].start();
 		expect_logged_more(&f, back_line, back_before, restarts[i].name);
@@ -238,23 +287,24 @@ Test(fault, broker_restart_keeps_the_database_up, .timeout = 800, .fini = restor
 		fixture_expect_unique(&f, f.cons, consumer_unique(f.cons) + 2000,
 		                      FAULT_DELIVERY_TIMEOUT_MS);
 	}
-	atomic_store(&s.stop, true);
-	pthread_join(s.thread, NULL);
+	atomic_store(&sampler.stop, true);
+	pthread_join(sampler.thread, NULL);
+	sampling = false;
 	cr_assert_not(relay->exited, "the relay process must recover by itself");
 
 	fprintf(stderr,
 	        "broker_restart_db: %zu samples of outbox_relay_database_up, %zu read 0, %zu "
 	        "unanswered; /readyz named the database %zu times\n",
-	        atomic_load(&s.samples), atomic_load(&s.db_down), atomic_load(&s.unanswered),
-	        atomic_load(&s.readyz_db));
+	        atomic_load(&sampler.samples), atomic_load(&sampler.db_down),
+	        atomic_load(&sampler.unanswered), atomic_load(&sampler.readyz_db));
 	trouble = count_database_trouble(relay);
-	if (trouble > 0 || atomic_load(&s.db_down) > 0 || atomic_load(&s.readyz_db) > 0)
+	if (trouble > 0 || atomic_load(&sampler.db_down) > 0 || atomic_load(&sampler.readyz_db) > 0)
 		fixture_dump_logs(&f);
-	cr_assert_gt(atomic_load(&s.samples), 100, "too few samples of /metrics");
-	cr_assert_eq(atomic_load(&s.db_down), 0, "the database was reported down: %s",
-	             s.first_down);
-	cr_assert_eq(atomic_load(&s.readyz_db), 0, "/readyz blamed the database: %s",
-	             s.first_readyz);
+	cr_assert_gt(atomic_load(&sampler.samples), 100, "too few samples of /metrics");
+	cr_assert_eq(atomic_load(&sampler.db_down), 0, "the database was reported down: %s",
+	             sampler.first_down);
+	cr_assert_eq(atomic_load(&sampler.readyz_db), 0, "/readyz blamed the database: %s",
+	             sampler.first_readyz);
 	cr_assert_eq(trouble, 0, "%d log lines say the database had trouble", trouble);
 
 	n = fault_producer_stop(prod);

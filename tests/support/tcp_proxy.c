@@ -36,10 +36,10 @@ struct proxy {
 
 	pthread_mutex_t mu; /* guards the fields below */
 	pthread_cond_t cv;
-	bool stall, refuse, quit;
-	unsigned drop_req; /* drop requests posted */
-	unsigned seq_req;  /* commands posted */
-	unsigned seq_done; /* commands applied by the loop */
+	bool stall, hold, refuse, quit; /* hold: client bytes are not forwarded */
+	unsigned drop_req;              /* drop requests posted */
+	unsigned seq_req;               /* commands posted */
+	unsigned seq_done;              /* commands applied by the loop */
 	size_t live, accepted;
 };
 
@@ -117,10 +117,11 @@ static void do_accept(struct proxy *p, bool refuse)
 	pthread_mutex_unlock(&p->mu);
 }
 
-/* Moves bytes for one pair after poll; returns false when the pair must be closed. */
-static bool pump(struct pair *pr, const struct pollfd *pf)
+/* Moves bytes for one pair after poll (held: none from the client); returns false when the
+ * pair must be closed. */
+static bool pump(struct pair *pr, const struct pollfd *pf, bool hold)
 {
-	for (int d = 0; d < 2; d++) {
+	for (int d = hold ? 1 : 0; d < 2; d++) {
 		int src = pr->fd[d], dst = pr->fd[!d];
 
 		if ((pf[d].revents & POLLIN) && pr->len[d] == 0) {
@@ -162,7 +163,7 @@ static void *proxy_main(void *arg)
 	unsigned drops_applied = 0;
 
 	for (;;) {
-		bool stall, refuse;
+		bool stall, hold, refuse;
 		unsigned drops, seq;
 		size_t n = 0;
 
@@ -172,6 +173,7 @@ static void *proxy_main(void *arg)
 			break;
 		}
 		stall = p->stall;
+		hold = p->hold;
 		refuse = p->refuse;
 		drops = p->drop_req;
 		seq = p->seq_req;
@@ -196,11 +198,12 @@ static void *proxy_main(void *arg)
 				short ev = 0;
 
 				/* Stalled: no events requested, so no bytes move, but a peer that
-				 * hangs up still shows as POLLHUP/POLLERR. */
+				 * hangs up still shows as POLLHUP/POLLERR. Held: the same for the
+				 * client's bytes only (read from fd[0], written to fd[1]). */
 				if (!stall) {
-					if (pr->len[d] == 0)
+					if (pr->len[d] == 0 && !(hold && d == 0))
 						ev |= POLLIN;
-					if (pr->len[!d] > 0)
+					if (pr->len[!d] > 0 && !(hold && d == 1))
 						ev |= POLLOUT;
 				}
 				pfd[n++] = (struct pollfd){ .fd = pr->fd[d], .events = ev };
@@ -225,7 +228,7 @@ static void *proxy_main(void *arg)
 					close_pair(p, i);
 				continue;
 			}
-			if (!pump(p->pairs[i], &pfd[2 + 2 * i]))
+			if (!pump(p->pairs[i], &pfd[2 + 2 * i], hold))
 				close_pair(p, i);
 		}
 		if (pfd[1].revents & POLLIN)
@@ -319,6 +322,14 @@ void proxy_stall(struct proxy *p, bool on)
 {
 	pthread_mutex_lock(&p->mu);
 	p->stall = on;
+	pthread_mutex_unlock(&p->mu);
+	post(p);
+}
+
+void proxy_hold(struct proxy *p, bool on)
+{
+	pthread_mutex_lock(&p->mu);
+	p->hold = on;
 	pthread_mutex_unlock(&p->mu);
 	post(p);
 }

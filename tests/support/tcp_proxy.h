@@ -23,6 +23,10 @@ int proxy_port(const struct proxy *p);
 void proxy_drop_all(struct proxy *p);
 /* on: stop moving bytes in both directions, keep the sockets open. off: resume. */
 void proxy_stall(struct proxy *p, bool on);
+/* on: bytes from clients stay in their sockets, not forwarded, while the target's still
+ * reach the clients: the target hears nothing from them, and what it says (a close) is
+ * heard. off: resume. */
+void proxy_hold(struct proxy *p, bool on);
 /* on: every new connection is closed right after accept. Live ones are left alone. */
 void proxy_refuse(struct proxy *p, bool on);
 
