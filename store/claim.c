@@ -2,6 +2,7 @@
  * them with the ordering watermark's sample; the rows are copied into the batch's own storage
  * (a PGresult never leaves store/). Also the idle path's watermark settling. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,45 +69,65 @@ static void feed_sample(struct store *s, const char *w_text, const char *holders
 	watermark_sample(&s->wm, w, v, k, complete);
 }
 
-/* Reads the claim's last row (seq NULL): the watermark's sample and the lease left. Returns the
- * number of claimed rows (the sample is not one); UNION ALL puts it last, but one found
- * elsewhere is still used and skipped by the parse loop. */
+/* Takes the sample from row i of the claim's answer, with left ms of the lease. */
+static void use_sample(struct store *s, const PGresult *res, int i, int64_t left,
+                       struct store_batch *out, int64_t sent_ms)
+{
+	int64_t n = -1;
+
+	/* Over the round: a key looked at by an earlier claim of it may still wait. */
+	s->round_waiting =
+	        (s->has_cursor && s->round_waiting) || PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
+	s->wm.waiting = s->round_waiting;
+	s->has_cursor = !PQgetisnull(res, i, COL_KEY_CURSOR) &&
+	                (size_t)PQgetlength(res, i, COL_KEY_CURSOR) < sizeof(s->key_cursor);
+	if (s->has_cursor)
+		memcpy(s->key_cursor, PQgetvalue(res, i, COL_KEY_CURSOR),
+		       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
+	if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
+		n = -1;
+	/* No sample when the claim found no keyed row and none was asked for (statements.c). */
+	if (!PQgetisnull(res, i, COL_WM_SEQ)) {
+		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
+		            PQgetisnull(res, i, COL_WM_HOLDERS)
+		                    ? ""
+		                    : PQgetvalue(res, i, COL_WM_HOLDERS),
+		            n);
+		s->sampled_ms = clock_mono_ms();
+	}
+	/* By the database clock, counted from when the claim was sent (earlier), so that the
+	 * deadline errs on the early side. */
+	out->lease_deadline_ms = sent_ms + left;
+}
+
+/* Reads the watermark's sample and the lease left from the claim's answer and returns the
+ * number of claimed rows. The full claim (ST_CLAIM_FULL) gives the sample a row of its own,
+ * seq NULL, which UNION ALL puts last (one found elsewhere is still used, and skipped by the
+ * parse loop); the claim (ST_CLAIM) repeats it on every row, each with the lease left when that
+ * row was leased: the least of them is the one to go by. */
 static int take_sample(struct store *s, const PGresult *res, int nt, struct store_batch *out,
                        int64_t sent_ms)
 {
-	for (int i = 0; i < nt; i++) {
-		int64_t n = -1, left = 0;
+	int64_t left = INT64_MAX;
 
-		if (!PQgetisnull(res, i, COL_SEQ))
-			continue;
-		/* Over the round: a key looked at by an earlier claim of it may still wait. */
-		s->round_waiting = (s->has_cursor && s->round_waiting) ||
-		                   PQgetvalue(res, i, COL_WM_KEYED)[0] == 't';
-		s->wm.waiting = s->round_waiting;
-		s->has_cursor = !PQgetisnull(res, i, COL_KEY_CURSOR) &&
-		                (size_t)PQgetlength(res, i, COL_KEY_CURSOR) < sizeof(s->key_cursor);
-		if (s->has_cursor)
-			memcpy(s->key_cursor, PQgetvalue(res, i, COL_KEY_CURSOR),
-			       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
-		if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
-			n = -1;
-		/* No sample when the claim found no keyed row and none was asked for (statements.c). */
-		if (!PQgetisnull(res, i, COL_WM_SEQ)) {
-			feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
-			            PQgetisnull(res, i, COL_WM_HOLDERS)
-			                    ? ""
-			                    : PQgetvalue(res, i, COL_WM_HOLDERS),
-			            n);
-			s->sampled_ms = clock_mono_ms();
+	for (int i = 0; i < nt; i++) {
+		int64_t l;
+
+		if (PQgetisnull(res, i, COL_SEQ)) {
+			if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &l) != 0)
+				l = 0;
+			use_sample(s, res, i, l, out, sent_ms);
+			return i == nt - 1 ? nt - 1 : nt;
 		}
-		/* By the database clock: what the statement said was left when it ended, counted
-		 * from when the claim was sent (earlier), so the deadline errs on the early side. */
-		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &left) != 0)
-			left = 0;
-		out->lease_deadline_ms = sent_ms + left;
-		return i == nt - 1 ? nt - 1 : nt;
+		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &l) != 0)
+			l = 0;
+		if (l < left)
+			left = l;
 	}
-	out->lease_deadline_ms = sent_ms;
+	if (nt > 0)
+		use_sample(s, res, 0, left, out, sent_ms);
+	else
+		out->lease_deadline_ms = sent_ms;
 	return nt;
 }
 
@@ -248,7 +269,8 @@ static int64_t floor_in_effect(const struct store *s, int batch_size)
 	return s->claim_seen + 1 > asked - reach ? s->claim_seen + 1 : asked - reach;
 }
 
-int store_claim_send(struct store *s, bool disarm)
+/* Sends claim statement name (ST_CLAIM or ST_CLAIM_FULL) under a new token. */
+static int claim_send(struct store *s, const char *name, bool disarm)
 {
 	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24], nkeys[16];
 	const char *params[11];
@@ -281,6 +303,7 @@ int store_claim_send(struct store *s, bool disarm)
 	else
 		snprintf(budget, sizeof(budget), "%s", NO_BUDGET);
 	params[0] = disarm ? "t" : "f";
+	s->claim_disarm = disarm;
 	if (disarm)
 		s->armed = false;
 	params[1] = max;
@@ -293,8 +316,12 @@ int store_claim_send(struct store *s, bool disarm)
 	params[8] = s->has_cursor ? s->key_cursor : NULL;
 	params[9] = nkeys;
 	params[10] = s->sampled_ms == 0 || now - s->sampled_ms >= STORE_SAMPLE_EVERY_MS ? "t" : "f";
-	return store_send_prepared(s, ST_CLAIM, 11, params, STORE_INFLIGHT_CLAIM,
-	                           "could not claim");
+	return store_send_prepared(s, name, 11, params, STORE_INFLIGHT_CLAIM, "could not claim");
+}
+
+int store_claim_send(struct store *s, bool disarm)
+{
+	return claim_send(s, ST_CLAIM, disarm);
 }
 
 void store_set_claim_floor(struct store *s, int64_t from_seq)
@@ -314,6 +341,14 @@ int store_claim_recv(struct store *s, struct store_batch *out)
 		return s->conn ? STORE_ERR_QUERY : STORE_ERR_CONN;
 	}
 	res = store_collect(s);
+	/* Nothing leased: the full claim says why, or leases what came meanwhile. */
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 0) {
+		PQclear(res);
+		if ((rc = claim_send(s, ST_CLAIM_FULL, s->claim_disarm)) != 0)
+			return rc;
+		sent_ms = s->inflight_sent_ms;
+		res = store_collect(s);
+	}
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		rc = store_result_error(s, res, "could not claim");
 	else

@@ -66,6 +66,46 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	return rc;
 }
 
+/* The claim's common part: every CTE up to b, the rows to lease. Six %s: the table three
+ * times, the alive condition, the table twice more. */
+#define CLAIM_CTES                                                                         \
+	"WITH RECURSIVE disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"    \
+	" keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL" \
+	" AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"     \
+	" ORDER BY o.ordering_key LIMIT 1)"                                                \
+	" UNION ALL SELECT (SELECT o.ordering_key::text FROM %s o"                         \
+	" WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL"                     \
+	" AND o.ordering_key > keys.k ORDER BY o.ordering_key LIMIT 1)"                    \
+	" FROM keys WHERE keys.k IS NOT NULL),"                                            \
+	" kk AS (SELECT k FROM keys WHERE k IS NOT NULL AND k IS DISTINCT FROM $9::text"   \
+	" LIMIT $10::int),"                                                                \
+	" heads AS (SELECT h.seq FROM kk CROSS JOIN LATERAL (SELECT o.seq FROM %s o"       \
+	" WHERE o.ordering_key = kk.k AND o.published_at IS NULL%s"                        \
+	" ORDER BY o.seq LIMIT 1) h),"                                                     \
+	" kc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"                      \
+	" WHERE o.seq = ANY (ARRAY(SELECT seq FROM heads)) AND o.seq <= $7::bigint"        \
+	" AND o.published_at IS NULL AND o.attempts < $2::int AND o.available_at <= now()" \
+	" AND (o.locked_until IS NULL OR o.locked_until < now())"                          \
+	" FOR UPDATE OF o SKIP LOCKED),"                                                   \
+	" uc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"                      \
+	" WHERE o.published_at IS NULL AND o.ordering_key IS NULL AND o.seq >= $6::bigint" \
+	" AND o.attempts < $2::int AND o.available_at <= now()"                            \
+	" AND (o.locked_until IS NULL OR o.locked_until < now())"                          \
+	" ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"                           \
+	" c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a"      \
+	" ORDER BY seq LIMIT $3::int),"                                                    \
+	" b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) - len AS before" \
+	" FROM c) x WHERE before < $8::bigint)"
+/* The lease, and what is left of it by the database clock when evaluated. */
+#define CLAIM_LEASE      "now() + $5::bigint * interval '1 millisecond'"
+#define CLAIM_LEASE_LEFT "(extract(epoch FROM " CLAIM_LEASE " - clock_timestamp()) * 1000)::bigint"
+/* The sample's columns after W, holders and their count: whether a key looked at has its head
+ * above the watermark, and the last key looked at when $10 of them were. */
+#define CLAIM_KEYS_SEEN                                                                     \
+	" EXISTS (SELECT 1 FROM heads WHERE seq > $7::bigint) AS above,"                    \
+	" CASE WHEN (SELECT count(*) FROM kk) >= $10::int THEN (SELECT max(k) FROM kk) END" \
+	" AS key_cursor"
+
 /* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead, the
  * oldest that is not dead), and only up to the settled ordering watermark ($7), below which no
  * transaction still in progress can commit a row. Unkeyed and keyed rows are found apart, so
@@ -84,57 +124,46 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
  * the batch ($3) and then to the byte budget ($8, always keeping the first row), and leased
  * under the claim's token ($4) for $5 ms. The disarm CTE lets the wake-up lock go in the same
  * round trip ($1; every advisory lock of the session, which holds no other, and however many
- * times it was taken; joined into the last row, so that it runs). The last row of the answer
- * (seq NULL) is the watermark's sample (W NULL when no keyed row was found and $11 did not ask
- * for one: none taken), what is left of the lease by the database clock, whether a key looked
- * at has its head above the watermark, and the last key looked at when $10 of them were (NULL
- * when the keys ran out: the next claim starts from the first key again). */
+ * times it was taken).
+ * With every row comes the watermark's sample (W NULL when no keyed row was found and $11 did
+ * not ask for one: none taken), what is left of the lease by the database clock when that row
+ * was leased, whether a key looked at has its head above the watermark, and the last key looked
+ * at when $10 of them were (NULL when the keys ran out: the next claim starts from the first
+ * key again). The sample is one CTE, evaluated once (MATERIALIZED) and joined into each row,
+ * which makes it run, disarm included.
+ * The claim is the UPDATE itself: PostgreSQL keeps its RETURNING rows once, in the portal's
+ * store, where an UPDATE in a CTE under a SELECT kept them twice (the CTE's store, then the
+ * portal's), a copy of every body. An UPDATE cannot answer without a row, so a claim that
+ * leases none is followed by the full claim (ST_CLAIM_FULL: the same rows, then a last row, seq
+ * NULL, for the sample alone), which either leases rows that came meanwhile or says why there
+ * are none. */
 static int prepare_claim(struct store *s, const char *t)
 {
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
+	int rc;
 
+	rc = prepare_one(s, ST_CLAIM, 11,
+	                 CLAIM_CTES
+	                 ", smp AS MATERIALIZED (SELECT s.w, h.holders, h.n," CLAIM_KEYS_SEEN
+	                         CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d)"
+	                 " UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
+	                 " FROM b, smp WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS
+	                 ", smp.w, smp.holders, smp.n, " CLAIM_LEASE_LEFT ", smp.above,"
+	                 " smp.key_cursor",
+	                 t, t, t, alive, t, t, s->seq_oid, s->db_oid, s->seq_oid, t);
+	if (rc != 0)
+		return rc;
 	return prepare_one(
-	        s, ST_CLAIM, 11,
-	        "WITH RECURSIVE disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"
-	        " keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL"
-	        " AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"
-	        " ORDER BY o.ordering_key LIMIT 1)"
-	        " UNION ALL SELECT (SELECT o.ordering_key::text FROM %s o"
-	        " WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL"
-	        " AND o.ordering_key > keys.k ORDER BY o.ordering_key LIMIT 1)"
-	        " FROM keys WHERE keys.k IS NOT NULL),"
-	        " kk AS (SELECT k FROM keys WHERE k IS NOT NULL AND k IS DISTINCT FROM $9::text"
-	        " LIMIT $10::int),"
-	        " heads AS (SELECT h.seq FROM kk CROSS JOIN LATERAL (SELECT o.seq FROM %s o"
-	        " WHERE o.ordering_key = kk.k AND o.published_at IS NULL%s"
-	        " ORDER BY o.seq LIMIT 1) h),"
-	        " kc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
-	        " WHERE o.seq = ANY (ARRAY(SELECT seq FROM heads)) AND o.seq <= $7::bigint"
-	        " AND o.published_at IS NULL AND o.attempts < $2::int AND o.available_at <= now()"
-	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
-	        " FOR UPDATE OF o SKIP LOCKED),"
-	        " uc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"
-	        " WHERE o.published_at IS NULL AND o.ordering_key IS NULL AND o.seq >= $6::bigint"
-	        " AND o.attempts < $2::int AND o.available_at <= now()"
-	        " AND (o.locked_until IS NULL OR o.locked_until < now())"
-	        " ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
-	        " c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a"
-	        " ORDER BY seq LIMIT $3::int),"
-	        " b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) - len AS before"
-	        " FROM c) x WHERE before < $8::bigint),"
-	        " u AS (UPDATE %s o SET locked_by = $4::text,"
-	        " locked_until = now() + $5::bigint * interval '1 millisecond'"
+	        s, ST_CLAIM_FULL, 11,
+	        CLAIM_CTES
+	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
 	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
 	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
 	        " NULL::boolean, NULL::text FROM u"
 	        " UNION ALL"
-	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-	        " NULL, s.w, h.holders, h.n,"
-	        " (extract(epoch FROM now() + $5::bigint * interval '1 millisecond'"
-	        " - clock_timestamp()) * 1000)::bigint,"
-	        " EXISTS (SELECT 1 FROM heads WHERE seq > $7::bigint),"
-	        " CASE WHEN (SELECT count(*) FROM kk) >= $10::int THEN (SELECT max(k) FROM kk)"
-	        " END" CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
+	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+	        " NULL, NULL, s.w, h.holders, h.n, " CLAIM_LEASE_LEFT
+	        "," CLAIM_KEYS_SEEN CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
 	        t, t, t, alive, t, t, t, s->seq_oid, s->db_oid, s->seq_oid);
 }
 

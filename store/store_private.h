@@ -29,6 +29,7 @@ enum store_inflight {
 
 /* Names of the prepared statements (per connection), see statements.c. */
 #define ST_CLAIM       "outbox_claim"
+#define ST_CLAIM_FULL  "outbox_claim_full"
 #define ST_SAMPLE      "outbox_sample"
 #define ST_MARK        "outbox_mark"
 #define ST_DELETE      "outbox_delete"
@@ -124,6 +125,7 @@ struct store {
 	int table_key;
 	bool wakeup_current; /* the table's wake-up trigger is this version's (check_table) */
 	bool armed;          /* this session holds the wake-up lock (store_arm) */
+	bool claim_disarm;   /* the claim in flight lets the wake-up lock go */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
 	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
 	uint32_t token_nonce;

@@ -862,6 +862,12 @@ Test(store, claims_go_round_the_keys_a_few_at_a_time)
 	add("u2", NULL, 0);
 	wait_rows_settled();
 	cr_assert_str_eq(claim_str(r, false), "u2", "unkeyed rows are claimed mid-round");
+	cr_assert(store_keys_more(r), "keys 65-128 were looked at: the round goes on");
+	/* A claim that leases rows carries the round's cursor as one that leases none does. */
+	add("u3", NULL, 0);
+	wait_rows_settled();
+	cr_assert_str_eq(claim_str(r, false), "u3");
+	cr_assert_not(store_keys_more(r), "the rest of the keys were looked at: the round ends");
 	store_free(r);
 	store_free(a);
 }
@@ -1378,6 +1384,9 @@ Test(store, statements_planned_on_an_empty_table_keep_to_the_indexes)
 	n = plan_buffers(r->conn, "EXECUTE " ST_CLAIM "(false, 3, 100, 'token', 60000, 0,"
 	                          " 9223372036854775807, 9223372036854775807, NULL, 64, true)");
 	cr_expect_lt(n, 1000, "the claim touched %ld buffers", n);
+	n = plan_buffers(r->conn, "EXECUTE " ST_CLAIM_FULL "(false, 3, 100, 'token', 60000, 0,"
+	                          " 9223372036854775807, 9223372036854775807, NULL, 64, true)");
+	cr_expect_lt(n, 1000, "the full claim touched %ld buffers", n);
 	n = plan_buffers(r->conn, "EXECUTE " ST_MARK "('{1,2}', 'token')");
 	cr_expect_lt(n, 100, "the mark touched %ld buffers", n);
 	n = plan_buffers(r->conn, "EXECUTE " ST_DELETE "('{1,2}', 'token')");
