@@ -704,6 +704,7 @@ int store_connect(struct store *s)
 	 * nothing here. Keyed rows wait for the first settled sample. */
 	watermark_reset(&s->wm);
 	s->claim_seen = s->claim_seen_sent = 0;
+	s->claim_last_n = 0;
 	s->sampled_ms = 0;
 	if (s->opts.admin) {
 		rc = setup_admin_session(s);

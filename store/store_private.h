@@ -126,6 +126,7 @@ struct store {
 	bool wakeup_current; /* the table's wake-up trigger is this version's (check_table) */
 	bool armed;          /* this session holds the wake-up lock (store_arm) */
 	bool claim_disarm;   /* the claim in flight lets the wake-up lock go */
+	size_t claim_last_n; /* rows the last claim leased (store_claim_send) */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
 	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
 	uint32_t token_nonce;

@@ -1040,6 +1040,30 @@ Test(store, armed_lock_notifies_and_disarmed_does_not)
 	store_free(a);
 }
 
+/* After a claim that leased rows, the next claim is the UPDATE that keeps its rows once
+ * (statements.c): it lets the wake-up lock go as the full claim does. */
+Test(store, a_claim_after_a_batch_lets_the_wakeup_lock_go_too)
+{
+	struct store *a = migrated("wakefast");
+	struct store_options o = opts_for("relay-1", false);
+	o.batch_size = 8;
+	struct store *r = open_store(o);
+
+	add("f1", NULL, 0);
+	cr_assert_str_eq(claim_str(r, false), "f1");
+	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
+	cr_assert_eq(wakeup_holders(), 1);
+	add("f2", NULL, 0);
+	cr_assert_str_eq(claim_str(r, true), "f2");
+	cr_assert_eq(wakeup_holders(), 0, "the claim let the wake-up lock go");
+	/* ... and so does the full claim that follows one that leased nothing. */
+	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
+	cr_assert_str_eq(claim_str(r, true), "");
+	cr_assert_eq(wakeup_holders(), 0, "the empty claim let the wake-up lock go");
+	store_free(r);
+	store_free(a);
+}
+
 /* A producer tests the lock when its INSERT ends, not when it commits: one that tested before
  * the relay armed does not notify. The relay's way round it: after arming, it settles the
  * watermark (every transaction that held a seq then has ended) before its last claim, which
