@@ -367,7 +367,9 @@ out:
 
 /* Relay mode: say plainly what is missing rather than failing later on a prepare. The wake-up
  * trigger is looked at too, but only noted (store_wakeup_current()): without it the relay
- * still works, finding new rows by polling. */
+ * still works, finding new rows by polling. A trigger wakes relays when it tests their lock,
+ * in its function (this version) or in its WHEN (the version before, which works alike). */
+#define WAKEUP_TEST "'pg_try_advisory_lock_shared(" STORE_WAKEUP_LOCK_CLASS ", '"
 static int check_table(struct store *s)
 {
 	char trigger[STORE_NAME_MAX + 8], schema[STORE_NAME_MAX], base[STORE_NAME_MAX];
@@ -383,14 +385,16 @@ static int check_table(struct store *s)
 		base[i] = (char)tolower((unsigned char)base[i]);
 	snprintf(trigger, sizeof(trigger), "%s_wakeup", base);
 	s->wakeup_current = false;
-	rc = store_exec(s,
-	                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1)"
-	                " AND attnum > 0 AND NOT attisdropped"
-	                " UNION ALL SELECT '' FROM pg_trigger WHERE tgrelid = to_regclass($1)"
-	                " AND tgname = $2 AND tgtype = " STORE_WAKEUP_TGTYPE " AND tgenabled <> 'D'"
-	                " AND strpos(pg_get_triggerdef(oid), "
-	                "'pg_try_advisory_lock_shared(" STORE_WAKEUP_LOCK_CLASS ", ') > 0",
-	                2, params, PGRES_TUPLES_OK, &res, "could not inspect the outbox table");
+	rc = store_exec(
+	        s,
+	        "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1)"
+	        " AND attnum > 0 AND NOT attisdropped"
+	        " UNION ALL SELECT '' FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid"
+	        " WHERE tg.tgrelid = to_regclass($1) AND tg.tgname = $2"
+	        " AND tg.tgtype = " STORE_WAKEUP_TGTYPE " AND tg.tgenabled <> 'D'"
+	        " AND (strpos(p.prosrc, " WAKEUP_TEST ") > 0"
+	        " OR strpos(pg_get_triggerdef(tg.oid), " WAKEUP_TEST ") > 0)",
+	        2, params, PGRES_TUPLES_OK, &res, "could not inspect the outbox table");
 	if (rc != 0)
 		goto out;
 	for (int i = 0; i < PQntuples(res); i++) {

@@ -151,15 +151,16 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	        " '%s_wakeup_notify'",
 	        t);
 	cr_assert_not_null(src);
-	cr_assert_not_null(cfg, "the function pins its search_path");
-	cr_assert(strstr(src, "pg_notify") != NULL, "%s", src);
-	cr_assert_str_eq(cfg, "search_path=pg_catalog, pg_temp");
+	cr_assert(strstr(src, "pg_catalog.pg_notify(") != NULL, "%s", src);
+	cr_assert(strstr(src, "pg_catalog.pg_try_advisory_lock_shared(") != NULL,
+	          "the function tests the wake-up lock: %s", src);
+	cr_assert_null(cfg, "the function sets nothing per call (it names its objects): %s", cfg);
 	free(src);
 	free(cfg);
 	cr_assert_eq(harness_pg_int(c,
 	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                            " AND tgname = '%s_wakeup' AND tgtype = 4"
-	                            " AND NOT tgdeferrable",
+	                            " AND NOT tgdeferrable AND tgqual IS NULL",
 	                            t, t),
 	             1, "the deferred row trigger is replaced by the statement trigger");
 	drop_all(c, t);
@@ -326,12 +327,17 @@ Test(migrate, wakeup_works_under_any_producer_search_path, .timeout = 120)
 
 	produce_with_path(l, t, "SET search_path = ''", "empty-path");
 
-	/* A schema ahead of pg_catalog on the path with a pg_notify of its own that does nothing:
-	 * a function that followed the producer's path would call it and stay silent. */
+	/* A schema ahead of pg_catalog on the path with a pg_notify of its own that does nothing,
+	 * a lock test that always succeeds (nobody waiting, so no notification) and an int4 that
+	 * fails every cast: a function that followed the producer's path would stay silent, or
+	 * fail the producer's INSERT. */
 	harness_pg_exec(l,
 	                "CREATE SCHEMA %s; CREATE FUNCTION %s.pg_notify(text, text) RETURNS void"
-	                " LANGUAGE sql AS 'SELECT NULL::void'",
-	                hostile, hostile);
+	                " LANGUAGE sql AS 'SELECT NULL::void';"
+	                " CREATE FUNCTION %s.pg_try_advisory_lock_shared(integer, integer)"
+	                " RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+	                " CREATE DOMAIN %s.int4 AS integer CHECK (VALUE IS NULL)",
+	                hostile, hostile, hostile, hostile);
 	produce_with_path(l, t, "SET search_path = ''", "empty-path-2");
 	char path[160];
 	snprintf(path, sizeof(path), "SET search_path = %s, pg_catalog, public", hostile);

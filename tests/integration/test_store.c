@@ -219,6 +219,24 @@ static void wait_rows_settled(void)
 	cr_assert_fail("another transaction kept the snapshot xmin back for 60 s");
 }
 
+/* Gives table t the wake-up of the version before this one: the lock tested in the trigger's
+ * WHEN, and a function that pins its search_path and only notifies. */
+static void when_trigger(const char *t)
+{
+	sql(g_admin, "DROP TRIGGER %s_wakeup ON %s", t, t);
+	sql(g_admin,
+	    "CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger LANGUAGE plpgsql"
+	    " SET search_path = pg_catalog, pg_temp"
+	    " AS $fn$ BEGIN PERFORM pg_notify('%s', ''); RETURN NULL; END $fn$",
+	    t, t);
+	sql(g_admin,
+	    "CREATE TRIGGER %s_wakeup AFTER INSERT ON %s FOR EACH STATEMENT"
+	    " WHEN (NOT (pg_try_advisory_lock_shared(" STORE_WAKEUP_LOCK_CLASS
+	    ", '%s'::regclass::oid::integer) AND pg_advisory_unlock_shared(" STORE_WAKEUP_LOCK_CLASS
+	    ", '%s'::regclass::oid::integer))) EXECUTE FUNCTION %s_wakeup_notify()",
+	    t, t, t, t, t);
+}
+
 Test(store, schema_applies_twice_and_refuses_bad_names)
 {
 	name_table("schema");
@@ -248,12 +266,28 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 	PGresult *res = PQexec(g_admin, ddl);
 	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s", PQresultErrorMessage(res));
 	PQclear(res);
-	free(ddl);
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                     " AND NOT tgisinternal AND tgtype = " STORE_WAKEUP_TGTYPE,
 	                     g_table),
 	             1, "the earlier trigger replaced");
+	/* ... and so is the version's before this one, which tested the lock in its WHEN. */
+	when_trigger(g_table);
+	res = PQexec(g_admin, ddl);
+	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s", PQresultErrorMessage(res));
+	PQclear(res);
+	free(ddl);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                     " AND NOT tgisinternal AND tgtype = " STORE_WAKEUP_TGTYPE
+	                     " AND tgqual IS NULL",
+	                     g_table),
+	             1, "the WHEN trigger replaced");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_proc WHERE proname = '%s_wakeup_notify'"
+	                     " AND proconfig IS NULL AND strpos(prosrc, 'TG_RELID') > 0",
+	                     g_table),
+	             1, "the function replaced");
 
 	cr_assert_null(store_schema_sql("bad name", "c"));
 	cr_assert_null(store_schema_sql("x; DROP TABLE y", "c"));
@@ -1116,6 +1150,43 @@ Test(store, migrate_replaces_an_earlier_wakeup_trigger)
 	cr_assert_eq(store_arm(r), 1);
 	add("n1", NULL, 0);
 	cr_assert(woken_within(r, 15000), "the new trigger notifies");
+	store_free(r);
+	store_free(a);
+}
+
+/* The version before this one tested the lock in the trigger's WHEN. That trigger wakes relays
+ * as this one does, so the relay counts it current; migrate replaces it with the trigger that
+ * tests the lock in its function, which wakes a relay that waits and only such a relay. */
+Test(store, migrate_replaces_the_wakeup_that_tested_in_its_when)
+{
+	struct store *a = migrated("wake_when");
+
+	when_trigger(g_table);
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert(store_wakeup_current(r), "the WHEN trigger wakes relays too");
+	cr_assert_eq(store_arm(r), 1);
+	add("o1", NULL, 0);
+	cr_assert(woken_within(r, 15000), "the WHEN trigger notifies");
+	store_free(r);
+
+	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+	                     " AND NOT tgisinternal AND tgqual IS NULL",
+	                     g_table),
+	             1, "one trigger, without a WHEN");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_proc WHERE proname = '%s_wakeup_notify'"
+	                     " AND proconfig IS NULL",
+	                     g_table),
+	             1, "the function no longer sets its search_path on every call");
+	r = open_store(opts_for("relay-2", false));
+	cr_assert(store_wakeup_current(r));
+	add("n0", NULL, 0);
+	cr_assert_not(woken_within(r, 300), "not armed: no notification");
+	cr_assert_eq(store_arm(r), 1);
+	add("n1", NULL, 0);
+	cr_assert(woken_within(r, 15000), "armed: the new trigger notifies");
 	store_free(r);
 	store_free(a);
 }
