@@ -328,7 +328,7 @@ static int claim_send(struct store *s, const char *name, bool disarm)
 int store_claim_send(struct store *s, bool disarm)
 {
 	int batch_size = s->opts.batch_size > 0 ? s->opts.batch_size : 1;
-	size_t many = batch_size >= 16 ? (size_t)batch_size / 8 : 1;
+	size_t many = batch_size / 8 > 0 ? (size_t)batch_size / 8 : 1;
 	bool big = s->claim_floor != STORE_FLOOR_KEYS_ONLY && s->claim_last_n >= many;
 
 	return claim_send(s, big ? ST_CLAIM : ST_CLAIM_FULL, disarm);
