@@ -175,16 +175,17 @@ static const char *const retired_indexes[] = { "_pending_idx" };
  * lock, it ends with the relay's session: nothing to expire.
  * The test is in the function, not in the trigger's WHEN: PostgreSQL reads and prepares a WHEN
  * anew for every statement, while PL/pgSQL keeps the function's expressions prepared for the
- * session. Measured in one session, interleaved 500 single-row INSERT statements at a time
- * (bench/run's trigger_us): +3.8 us per statement with the test in the WHEN, +2.5 us in the
- * function (the trigger's machinery alone, a WHEN of false, is about +1.7). The function takes
- * the lock's key from TG_RELID, so a dump and restore, which gives the table a new OID, keeps
- * it right.
+ * session. Measured in one session, 500 single-row INSERT statements at a time interleaved
+ * over tables with each trigger and one without (as bench/run's trigger_us), seven runs: the
+ * test in the WHEN added 3.8-6.6 us per statement, in the function 2.0-4.5 us, 0.52-0.68 of
+ * the WHEN's run by run; a WHEN of false (the trigger's machinery alone) 0.4-1.6 us. The
+ * function takes the lock's key from TG_RELID, so a dump and restore, which gives the table a
+ * new OID, keeps it right.
  * The function runs inside producers' transactions, under whatever search_path they have, and
  * an unqualified name would fail their COMMIT (a path without the object's schema) or
  * resolve to an object of their choosing (a path with another schema first). So it names every
  * function and type with its schema. It does not pin its search_path (SET search_path on the
- * function): that costs every call a configuration change, +1.7 us of the figures above.
+ * function): that costs every call a configuration change, 1.7-4.7 us more in those runs.
  * The test runs before the producer commits: a relay that takes the lock between the two gets
  * no notification for that transaction. So after arming the relay waits until every
  * transaction holding a seq then has ended (the ordering watermark settles), and claims once
