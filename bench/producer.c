@@ -209,8 +209,8 @@ static bool rounds_of(struct bench *b, int rounds, bool relay, double *with, dou
  * with the wake-up and one without, alternating block by block (the order swapped every round),
  * and clock_timestamp() around each block. Interleaved that finely, a drift of the machine
  * falls on both alike: the commit-rate phases above move by a fifth between rounds, this by a
- * few percent. Nobody holds the wake-up lock, so the trigger's WHEN is false: what every
- * producer pays while relays are busy. One transaction: no commit in the figure, so a trigger
+ * few percent. Nobody holds the wake-up lock, so the trigger's function does not notify: what
+ * every producer pays while relays are busy. One transaction: no commit in the figure, so a trigger
  * deferred to commit (the wake-up before the advisory lock was one) does its work outside the
  * timed blocks and shows as nothing here; the commit-rate phases above see it. */
 #define TC_ROUNDS 40
