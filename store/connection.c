@@ -573,7 +573,7 @@ int store_resolve_sequence(struct store *s)
 	} else {
 		s->seq_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
 		s->db_oid = (unsigned int)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
-		/* As the trigger's WHEN has it: the OID as a (signed) integer. */
+		/* As the wake-up function has it (TG_RELID::int4): the OID as a signed integer. */
 		s->table_key = (int)strtol(PQgetvalue(res, 0, 2), NULL, 10);
 	}
 	PQclear(res);
