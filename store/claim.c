@@ -366,7 +366,8 @@ int store_claim_recv(struct store *s, struct store_batch *out)
 		rc = parse_batch(s, res, out, sent_ms);
 	if (rc == 0)
 		s->claim_seen = s->claim_seen_sent;
-	s->claim_last_n = out->n;
+	/* A claim that failed leased nothing this relay will use: the next one is the full claim. */
+	s->claim_last_n = rc == 0 ? out->n : 0;
 	PQclear(res);
 	return rc;
 }
