@@ -1191,6 +1191,60 @@ Test(store, migrate_replaces_the_wakeup_that_tested_in_its_when)
 	store_free(a);
 }
 
+/* Advisory locks the producers' session (g_admin) holds: the wake-up's shared one must be let
+ * go by the same statement that took it, or no relay could arm while a producer is connected. */
+static long long producer_advisory_locks(void)
+{
+	return sql_int(g_admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+	                        " AND pid = pg_backend_pid()");
+}
+
+/* The version before this one let the lock go in a PERFORM, a query of its own. Its function
+ * wakes relays as this one does; migrate replaces it with the one that tests and lets go in
+ * one expression, which still lets go, wakes a relay that waits, and only such a relay. */
+Test(store, migrate_replaces_the_wakeup_that_let_go_in_a_perform)
+{
+	struct store *a = migrated("wake_perform");
+
+	sql(g_admin,
+	    "CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger LANGUAGE plpgsql"
+	    " AS $fn$ BEGIN"
+	    " IF pg_catalog.pg_try_advisory_lock_shared(" STORE_WAKEUP_LOCK_CLASS
+	    ", TG_RELID::pg_catalog.int4) THEN"
+	    " PERFORM pg_catalog.pg_advisory_unlock_shared(" STORE_WAKEUP_LOCK_CLASS
+	    ", TG_RELID::pg_catalog.int4); RETURN NULL; END IF;"
+	    " PERFORM pg_catalog.pg_notify('%s', ''); RETURN NULL; END $fn$",
+	    g_table, g_table);
+	struct store *r = open_store(opts_for("relay-1", false));
+	cr_assert(store_wakeup_current(r), "the earlier function wakes relays too");
+	add("o0", NULL, 0);
+	cr_assert_eq(producer_advisory_locks(), 0);
+	cr_assert_eq(store_arm(r), 1);
+	add("o1", NULL, 0);
+	cr_assert(woken_within(r, 15000), "the earlier function notifies");
+	store_free(r);
+
+	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
+	cr_assert_eq(
+	        sql_int(g_admin,
+	                "SELECT count(*) FROM pg_proc WHERE proname = '%s_wakeup_notify'"
+	                " AND strpos(prosrc, 'PERFORM pg_catalog.pg_advisory_unlock') = 0"
+	                " AND strpos(prosrc, 'THEN pg_catalog.pg_advisory_unlock_shared(') > 0",
+	                g_table),
+	        1, "the lock is let go in the test's own expression");
+	r = open_store(opts_for("relay-2", false));
+	cr_assert(store_wakeup_current(r));
+	add("n0", NULL, 0);
+	cr_assert_eq(producer_advisory_locks(), 0, "the INSERT let the shared lock go");
+	cr_assert_not(woken_within(r, 300), "not armed: no notification");
+	cr_assert_eq(store_arm(r), 1);
+	add("n1", NULL, 0);
+	cr_assert_eq(producer_advisory_locks(), 0, "refused, the INSERT holds nothing");
+	cr_assert(woken_within(r, 15000), "armed: the new function notifies");
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, status_counts_and_blocked_keys)
 {
 	struct store *a = migrated("status");
