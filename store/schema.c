@@ -224,6 +224,27 @@ static void add_notify_body(struct sbuf *b, const char *channel)
 	         channel);
 }
 
+/* The wake-up function and trigger, created in schema qschema (quoted) on the table tq. The
+ * schema script passes "%1$I" for the schema, which format() fills in when the script runs. */
+static void add_function_ddl(struct sbuf *b, const char *qschema, const char *base,
+                             const char *channel)
+{
+	sbuf_add(b,
+	         "CREATE OR REPLACE FUNCTION %s.%s_wakeup_notify() RETURNS trigger\n"
+	         "LANGUAGE plpgsql\nAS $fn$",
+	         qschema, base);
+	add_notify_body(b, channel);
+	sbuf_add(b, "$fn$");
+}
+
+static void add_trigger_ddl(struct sbuf *b, const char *qschema, const char *base, const char *tq)
+{
+	sbuf_add(b,
+	         "CREATE TRIGGER %s_wakeup AFTER INSERT ON %s\n"
+	         "  FOR EACH STATEMENT EXECUTE FUNCTION %s.%s_wakeup_notify()",
+	         base, tq, qschema, base);
+}
+
 /* The names this schema derives from the table name; false when the name is refused. */
 struct names {
 	char t[STORE_NAME_MAX];      /* the table, as given */
@@ -269,12 +290,14 @@ char *store_schema_sql(const char *table, const char *channel)
 	struct names nm;
 	struct sbuf b = { 0 };
 	const char *t, *p, *n;
+	char script_tq[STORE_NAME_MAX + 8]; /* the table as the DO block's format() names it */
 
 	if (!names_make(&nm, table) || !channel || (channel[0] && !identifier_plain_valid(channel)))
 		return NULL;
 	t = nm.t;
 	p = nm.prefix;
 	n = nm.base;
+	snprintf(script_tq, sizeof(script_tq), "%%1$I.%s", n);
 
 	sbuf_add(&b,
 	         "-- outbox-relay schema for %s (idempotent: safe to apply again)\n"
@@ -321,13 +344,11 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "             JOIN pg_namespace n ON n.oid = c.relnamespace\n"
 	         "             WHERE c.oid = '%s'::regclass);\n"
 	         "BEGIN\n"
-	         "  EXECUTE format($f$CREATE OR REPLACE FUNCTION %%1$I.%s_wakeup_notify()\n"
-	         "RETURNS trigger LANGUAGE plpgsql\n"
-	         "AS $fn$",
-	         t, n);
-	add_notify_body(&b, channel);
+	         "  EXECUTE format($f$",
+	         t);
+	add_function_ddl(&b, "%1$I", n, channel);
 	sbuf_add(&b,
-	         "$fn$$f$, s);\n"
+	         "$f$, s);\n"
 	         "  IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '%s'::regclass\n"
 	         "             AND tgname = '%s_wakeup' AND (tgtype <> " STORE_WAKEUP_TGTYPE
 	         "\n             OR tgqual IS NOT NULL)) THEN\n"
@@ -335,12 +356,13 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "  END IF;\n"
 	         "  IF NOT EXISTS (SELECT 1 FROM pg_trigger\n"
 	         "                 WHERE tgrelid = '%s'::regclass AND tgname = '%s_wakeup') THEN\n"
-	         "    EXECUTE format($f$CREATE TRIGGER %s_wakeup AFTER INSERT ON %%1$I.%s\n"
-	         "      FOR EACH STATEMENT EXECUTE FUNCTION %%1$I.%s_wakeup_notify()$f$, s);\n"
-	         "  END IF;\n"
-	         "END\n"
-	         "$do$;\n",
-	         t, nm.lbase, n, n, t, nm.lbase, n, n, n);
+	         "    EXECUTE format($f$",
+	         t, nm.lbase, n, n, t, nm.lbase);
+	add_trigger_ddl(&b, "%1$I", n, script_tq);
+	sbuf_add(&b, "$f$, s);\n"
+	             "  END IF;\n"
+	             "END\n"
+	             "$do$;\n");
 
 	if (b.failed) {
 		free(b.p);
@@ -648,12 +670,7 @@ static int plan_changes(struct store *s, const struct names *nm, const struct fo
 	}
 	if (f->function != CURRENT) {
 		memset(&b, 0, sizeof(b));
-		sbuf_add(&b,
-		         "CREATE OR REPLACE FUNCTION %s.%s_wakeup_notify() RETURNS trigger\n"
-		         "LANGUAGE plpgsql\nAS $fn$",
-		         f->qschema, nm->base);
-		add_notify_body(&b, ch);
-		sbuf_add(&b, "$fn$");
+		add_function_ddl(&b, f->qschema, nm->base, ch);
 		plan_add(pl, "replace the wake-up function", &b);
 	}
 	if (f->trigger == DIFFERENT) {
@@ -664,10 +681,7 @@ static int plan_changes(struct store *s, const struct names *nm, const struct fo
 	if (f->trigger != CURRENT) {
 		/* SHARE ROW EXCLUSIVE on the table: producers wait while it waits. */
 		memset(&b, 0, sizeof(b));
-		sbuf_add(&b,
-		         "CREATE TRIGGER %s_wakeup AFTER INSERT ON %s\n"
-		         "  FOR EACH STATEMENT EXECUTE FUNCTION %s.%s_wakeup_notify()",
-		         nm->base, tq, f->qschema, nm->base);
+		add_trigger_ddl(&b, f->qschema, nm->base, tq);
 		plan_add(pl, "create the wake-up trigger", &b);
 	}
 	if (pl->failed) {
