@@ -28,6 +28,9 @@ struct relay {
 	/* Read end of the self-pipe. It is written once on shutdown and never drained, so it
 	 * stays readable and every poll() that includes it returns at once. */
 	int wake_fd;
+	/* A loop found the table without this version's wake-up trigger and said so: once a
+	 * process, not once a loop or a reconnect. */
+	atomic_int wakeup_said;
 };
 
 /* The store options every connection of this relay uses, from the configuration (borrowed:

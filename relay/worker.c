@@ -160,6 +160,14 @@ static bool ensure_db(struct worker *w)
 		return false;
 	rc = store_connect(w->store);
 	if (rc == STORE_OK) {
+		/* Said before the connection counts as up, so once /readyz answers 200 every loop
+		 * has looked. */
+		if (!store_wakeup_current(w->store) && !atomic_exchange(&w->relay->wakeup_said, 1))
+			log_event(LOG_WARN, w->component,
+			          "the table's wake-up trigger is missing or outdated, "
+			          "new rows are found by polling: run 'outbox-relay migrate'",
+			          LOG_STR("table", w->cfg->database_table),
+			          LOG_MS("poll_interval", w->cfg->relay_poll_interval_ms));
 		endpoint_up(w, &w->db, &g_metrics.db_up, "database", store_server(w->store));
 		/* The wake-up lock ended with the old session. */
 		w->armed = false;

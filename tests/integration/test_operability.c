@@ -235,6 +235,54 @@ Test(operability, json_logs_parse_line_by_line, .timeout = 300)
 	fixture_teardown(&t.fx);
 }
 
+/* ---- the wake-up ---- */
+
+#define NO_WAKEUP "wake-up trigger is missing or outdated"
+
+/* A table without the wake-up trigger (made by hand, or by an older release): the relay says
+ * so in one line however many loops it runs, naming the table and what fixes it, and keeps
+ * relaying by polling. After `outbox-relay migrate` a relay finds the trigger and says
+ * nothing. */
+Test(operability, a_table_without_the_wakeup_is_said_once, .timeout = 300)
+{
+	struct op t;
+	struct harness_relay *second;
+	char *log, *line, *end;
+
+	op_setup(&t, "op_wake");
+	harness_pg_exec(t.fx.pg, "DROP TRIGGER %s_wakeup ON %s", t.fx.table, t.fx.table);
+	const char *env[] = { t.e_listen, "OUTBOX_RELAY_WORKERS=2",
+		              "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL };
+	t.relay = fixture_relay_start(&t.fx, env);
+	/* Ready: both loops are connected, and each looked before it counted as connected. */
+	wait_ready(&t);
+	cr_assert_eq(harness_relay_log_count(t.relay, NO_WAKEUP), 1, "one line for two loops");
+	log = harness_relay_log(t.relay);
+	line = strstr(log, NO_WAKEUP);
+	cr_assert_not_null(line);
+	end = strchr(line, '\n');
+	cr_assert_not_null(end);
+	*end = '\0';
+	cr_assert_not_null(strstr(line, "run 'outbox-relay migrate'"), "%s", line);
+	cr_assert_not_null(strstr(line, t.fx.table), "the table is named: %s", line);
+	cr_assert_not_null(strstr(line, "poll_interval=200ms"), "%s", line);
+	free(log);
+	/* Rows committed now reach the consumer, found by polling: nothing notifies. */
+	harness_insert_rows(t.fx.pg, t.fx.table, ROWS, t.fx.exchange, "op.created", "op", NULL,
+	                    NULL);
+	expect_delivered(&t, ROWS);
+	cr_assert_eq(harness_relay_stop(t.relay, SIGTERM, EXIT_TIMEOUT_MS), 0);
+
+	harness_migrate(t.fx.table);
+	snprintf(t.listen, sizeof(t.listen), "127.0.0.1:%d", probe_free_port());
+	snprintf(t.e_listen, sizeof(t.e_listen), "OUTBOX_HTTP_LISTEN=%s", t.listen);
+	second = fixture_relay_start(&t.fx, env);
+	wait_ready(&t);
+	cr_assert_eq(harness_relay_log_count(second, NO_WAKEUP), 0,
+	             "migrate installed the trigger");
+	fixture_teardown(&t.fx);
+}
+
 /* ---- secrets ---- */
 
 #define PG_SECRET   "pg-Secret-4f7d2"
