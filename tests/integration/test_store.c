@@ -1125,6 +1125,31 @@ Test(store, a_producer_that_tested_before_the_arm_is_caught_by_settling)
 	store_free(a);
 }
 
+/* Advisory locks the producers' session (g_admin) holds: the wake-up's shared one must be let
+ * go by the same statement that took it, or no relay could arm while a producer is connected. */
+static long long producer_advisory_locks(void)
+{
+	return sql_int(g_admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+	                        " AND pid = pg_backend_pid()");
+}
+
+/* The wake-up migrate installed: a relay counts it current, and a producer's INSERT holds no
+ * lock afterwards, wakes no relay that does not wait, and wakes one that does. */
+static void expect_wakeup_after_migrate(void)
+{
+	struct store *r = open_store(opts_for("relay-2", false));
+
+	cr_assert(store_wakeup_current(r));
+	add("n0", NULL, 0);
+	cr_assert_eq(producer_advisory_locks(), 0, "the INSERT let the shared lock go");
+	cr_assert_not(woken_within(r, 300), "not armed: no notification");
+	cr_assert_eq(store_arm(r), 1);
+	add("n1", NULL, 0);
+	cr_assert_eq(producer_advisory_locks(), 0, "refused, the INSERT holds nothing");
+	cr_assert(woken_within(r, 15000), "armed: the trigger notifies");
+	store_free(r);
+}
+
 /* A table migrated by an earlier version has a deferred per-row trigger that reads a flag
  * table: the relay says it is not current (it then polls), and migrate replaces it. */
 Test(store, migrate_replaces_an_earlier_wakeup_trigger)
@@ -1140,17 +1165,12 @@ Test(store, migrate_replaces_an_earlier_wakeup_trigger)
 	cr_assert_not(store_wakeup_current(r));
 	store_free(r);
 	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
-	r = open_store(opts_for("relay-2", false));
-	cr_assert(store_wakeup_current(r));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                     " AND NOT tgisinternal",
 	                     g_table),
 	             1, "one trigger, the new one");
-	cr_assert_eq(store_arm(r), 1);
-	add("n1", NULL, 0);
-	cr_assert(woken_within(r, 15000), "the new trigger notifies");
-	store_free(r);
+	expect_wakeup_after_migrate();
 	store_free(a);
 }
 
@@ -1180,23 +1200,8 @@ Test(store, migrate_replaces_the_wakeup_that_tested_in_its_when)
 	                     " AND proconfig IS NULL",
 	                     g_table),
 	             1, "the function no longer sets its search_path on every call");
-	r = open_store(opts_for("relay-2", false));
-	cr_assert(store_wakeup_current(r));
-	add("n0", NULL, 0);
-	cr_assert_not(woken_within(r, 300), "not armed: no notification");
-	cr_assert_eq(store_arm(r), 1);
-	add("n1", NULL, 0);
-	cr_assert(woken_within(r, 15000), "armed: the new trigger notifies");
-	store_free(r);
+	expect_wakeup_after_migrate();
 	store_free(a);
-}
-
-/* Advisory locks the producers' session (g_admin) holds: the wake-up's shared one must be let
- * go by the same statement that took it, or no relay could arm while a producer is connected. */
-static long long producer_advisory_locks(void)
-{
-	return sql_int(g_admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-	                        " AND pid = pg_backend_pid()");
 }
 
 /* The version before this one let the lock go in a PERFORM, a query of its own. Its function
@@ -1232,16 +1237,7 @@ Test(store, migrate_replaces_the_wakeup_that_let_go_in_a_perform)
 	                " AND strpos(prosrc, 'THEN pg_catalog.pg_advisory_unlock_shared(') > 0",
 	                g_table),
 	        1, "the lock is let go in the test's own expression");
-	r = open_store(opts_for("relay-2", false));
-	cr_assert(store_wakeup_current(r));
-	add("n0", NULL, 0);
-	cr_assert_eq(producer_advisory_locks(), 0, "the INSERT let the shared lock go");
-	cr_assert_not(woken_within(r, 300), "not armed: no notification");
-	cr_assert_eq(store_arm(r), 1);
-	add("n1", NULL, 0);
-	cr_assert_eq(producer_advisory_locks(), 0, "refused, the INSERT holds nothing");
-	cr_assert(woken_within(r, 15000), "armed: the new function notifies");
-	store_free(r);
+	expect_wakeup_after_migrate();
 	store_free(a);
 }
 
