@@ -547,6 +547,23 @@ int harness_relay_log_count(const struct harness_relay *r, const char *needle)
 	return count;
 }
 
+char *harness_relay_log_line(const struct harness_relay *r, const char *needle)
+{
+	char *log = harness_relay_log(r);
+	char *line = log ? strstr(log, needle) : NULL;
+	char *copy = NULL;
+	bool found = line != NULL;
+
+	if (found) {
+		while (line > log && line[-1] != '\n')
+			line--;
+		copy = strndup(line, strcspn(line, "\n"));
+	}
+	free(log);
+	cr_assert(!found || copy, "out of memory");
+	return copy;
+}
+
 bool harness_relay_wait_log(const struct harness_relay *r, const char *needle, int64_t timeout_ms)
 {
 	int64_t deadline = harness_now_ms() + timeout_ms;

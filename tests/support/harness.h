@@ -132,6 +132,9 @@ char *harness_relay_log(const struct harness_relay *r);
 char *harness_read_file(const char *path);
 /* Number of log lines containing needle. */
 int harness_relay_log_count(const struct harness_relay *r, const char *needle);
+/* The first log line containing needle, without its newline; new string (free()), NULL when no
+ * line does. */
+char *harness_relay_log_line(const struct harness_relay *r, const char *needle);
 /* Waits until some log line contains needle; false after timeout_ms. */
 bool harness_relay_wait_log(const struct harness_relay *r, const char *needle, int64_t timeout_ms);
 /* Prints the log's last lines through criterion's logger (call on failure paths). */
