@@ -111,7 +111,7 @@ out:
 	return rc;
 }
 
-int db_prepare_insert(PGconn *p, const char *table, char *err, size_t errlen)
+int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
 {
 	char sql[256];
 	PGresult *r;
@@ -121,7 +121,7 @@ int db_prepare_insert(PGconn *p, const char *table, char *err, size_t errlen)
 	         "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES ($1, '', $2, $3) "
 	         "ON CONFLICT (id) DO NOTHING",
 	         table);
-	r = PQprepare(p, "ins", sql, 3, NULL);
+	r = PQprepare(p, name, sql, 3, NULL);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
 		snprintf(err, errlen, "%s", PQerrorMessage(p));
 		rc = -1;

@@ -37,11 +37,11 @@ int db_table_fill(struct bench *b, PGconn *c, const char *what, const char *tabl
  * bench_fail(what). */
 int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *table, int *n)
         __attribute__((warn_unused_result));
-/* Prepares, as "ins" on p, the single-row insert every producer of the benchmark commits
+/* Prepares, as name on p, the single-row insert every producer of the benchmark commits
  * (autocommit: one row per transaction; $1 id, $2 routing key, $3 body, default exchange; an
  * id already there is skipped). 0, or -1 with the server's message in err; reports nothing,
  * so any thread may call it. */
-int db_prepare_insert(PGconn *p, const char *table, char *err, size_t errlen)
+int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
         __attribute__((warn_unused_result));
 /* Drops table and its wake-up flag; errors are ignored (the run is over for it). */
 void db_table_drop(PGconn *c, const char *table);

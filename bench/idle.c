@@ -39,7 +39,7 @@ void measure_idle(struct bench *b)
 	p = db_open(b, what);
 	if (!p)
 		goto out;
-	if (db_prepare_insert(p, table, err, sizeof(err)) != 0) {
+	if (db_prepare_insert(p, "ins", table, err, sizeof(err)) != 0) {
 		bench_fail(b, what, "prepare: %s", err);
 		goto out;
 	}

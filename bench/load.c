@@ -48,7 +48,7 @@ static void *producer_main(void *arg)
 	char id[48], body[BENCH_BODY_LEN + 1];
 	const char *params[3] = { id, pr->table, body };
 
-	if (!c || db_prepare_insert(c, pr->table, pr->err, sizeof(pr->err)) != 0) {
+	if (!c || db_prepare_insert(c, "ins", pr->table, pr->err, sizeof(pr->err)) != 0) {
 		atomic_fetch_add(pr->ready, 1);
 		goto out;
 	}

@@ -451,7 +451,7 @@ int wal_insert_probe(struct bench *b, const char *what, long n, struct wal_cost 
 		return -1;
 	if (db_table_fresh(b, c, what, table) != 0)
 		goto out;
-	if (db_prepare_insert(c, table, err, sizeof(err)) != 0) {
+	if (db_prepare_insert(c, "ins", table, err, sizeof(err)) != 0) {
 		bench_fail(b, what, "prepare: %s", err);
 		goto out;
 	}
