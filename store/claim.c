@@ -119,6 +119,8 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 			use_sample(s, res, i, l, out, sent_ms);
 			return i == nt - 1 ? nt - 1 : nt;
 		}
+		if (PQgetisnull(res, i, COL_LEASE_LEFT))
+			continue; /* the full claim's rows: its sample's row has the lease */
 		if (store_parse_int64(PQgetvalue(res, i, COL_LEASE_LEFT), &l) != 0)
 			l = 0;
 		if (l < left)

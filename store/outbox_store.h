@@ -224,8 +224,9 @@ int store_renew(struct store *s, struct store_batch *b) __attribute__((warn_unus
 int store_arm(struct store *s) __attribute__((warn_unused_result));
 /* Lets the wake-up lock go without claiming (the relay cannot publish for now). */
 int store_disarm(struct store *s) __attribute__((warn_unused_result));
-/* Whether the table's wake-up trigger is this version's (read at connect): without it the
- * relay finds new rows only by polling. */
+/* Whether the table has a wake-up trigger that tests this relay's lock (read at connect: this
+ * version's function, an earlier one, or a trigger whose WHEN tests it): without one the relay
+ * finds new rows only by polling. */
 bool store_wakeup_current(const struct store *s);
 /* Reads whatever arrived on the socket and drains notifications; *woken is set when at least
  * one notification on the channel was received. Never blocks. */
