@@ -1,8 +1,9 @@
 /* The producers' cost of the wake-up: PRODUCERS connections committing single-row inserts for
  * phase_s seconds with the relay running, once with the wake-up trigger and once without;
- * the ratio of their commit rates is what the trigger costs an application. And the trigger's
- * own cost per INSERT statement, in server time, with the two tables interleaved in one session
- * (trigger_cost()). */
+ * the ratio of their commit rates is what the trigger costs an application. The same with the
+ * connections alternating between the two tables (interleaved()), which drift cannot tilt. And
+ * the trigger's own cost per INSERT statement, in server time, with the two tables interleaved
+ * in one session (trigger_cost()). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -20,16 +21,24 @@
 
 #define PRODUCERS 8 /* threads, each on its own connection */
 
+/* Commits per block: a producer on two tables (interleaved()) alternates between them this
+ * many commits at a time. */
+#define IL_BLOCK 50
+
 struct producer {
 	pthread_t thread;
 	const char *pg;
-	const char *table;
+	const char *const *tables; /* one, or two to alternate between */
+	int ntables;
 	int index;
 	atomic_int *go; /* 0 wait, 1 run, 2 stop */
 	atomic_int *ready;
-	long commits;
+	long commits[2]; /* per table; on two tables, in whole blocks only */
+	int64_t us[2];   /* time spent in each table's whole blocks */
 	char err[256];
 };
+
+static const char *const stmt_names[2] = { "ins0", "ins1" };
 
 static void *producer_main(void *arg)
 {
@@ -37,28 +46,44 @@ static void *producer_main(void *arg)
 	PGconn *c = pgsql_connect(pr->pg, pr->err, sizeof(pr->err));
 	char id[48], body[BENCH_BODY_LEN + 1];
 	const char *params[3];
-	PGresult *r;
+	long n = 0;
 
-	if (!c || db_prepare_insert(c, "ins", pr->table, pr->err, sizeof(pr->err)) != 0)
+	if (!c)
 		goto out;
+	for (int t = 0; t < pr->ntables; t++)
+		if (db_prepare_insert(c, stmt_names[t], pr->tables[t], pr->err, sizeof(pr->err)) !=
+		    0)
+			goto out;
 	memset(body, 'x', BENCH_BODY_LEN);
 	body[BENCH_BODY_LEN] = '\0';
-	params[1] = pr->table;
 	params[2] = body;
 	atomic_fetch_add(pr->ready, 1);
 	while (atomic_load(pr->go) == 0)
 		bench_sleep_ms(1);
-	while (atomic_load(pr->go) == 1) {
-		snprintf(id, sizeof(id), "p%d-%ld", pr->index, pr->commits + 1);
-		params[0] = id;
-		r = PQexecPrepared(c, "ins", 3, params, NULL, NULL, 0);
-		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-			snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
+	/* Half the producers start on each table. */
+	for (long block = pr->index; atomic_load(pr->go) == 1; block++) {
+		int t = (int)(block % pr->ntables), done = 0;
+		int64_t t0 = bench_mono_us();
+
+		params[1] = pr->tables[t];
+		for (; done < IL_BLOCK && atomic_load(pr->go) == 1; done++) {
+			PGresult *r;
+
+			snprintf(id, sizeof(id), "p%d-%ld", pr->index, ++n);
+			params[0] = id;
+			r = PQexecPrepared(c, stmt_names[t], 3, params, NULL, NULL, 0);
+			if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+				snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
+				PQclear(r);
+				goto out;
+			}
 			PQclear(r);
-			break;
 		}
-		PQclear(r);
-		pr->commits++;
+		/* On two tables a block cut short by the end is not counted. */
+		if (done == IL_BLOCK || pr->ntables == 1) {
+			pr->commits[t] += done;
+			pr->us[t] += bench_mono_us() - t0;
+		}
 	}
 out:
 	PQfinish(c);
@@ -81,6 +106,61 @@ static long count_notifies(PGconn *c)
 	return count;
 }
 
+/* Starts PRODUCERS threads on tables (ntables: one, or two to alternate between), lets them
+ * commit for run_us once every one is connected and a second has passed (for a relay to connect
+ * and go idle, so that the run starts as production would), and joins them. While they run,
+ * *notifies counts what reached listener (when there is one). False after bench_fail(). */
+static bool run_producers(struct bench *b, struct producer *pr, const char *const *tables,
+                          int ntables, int64_t run_us, PGconn *listener, long *notifies)
+{
+	const char *what = "producer";
+	atomic_int go, ready;
+	int64_t t0, deadline;
+	int started = 0;
+	bool ok = true;
+
+	memset(pr, 0, PRODUCERS * sizeof(*pr));
+	atomic_init(&go, 0);
+	atomic_init(&ready, 0);
+	for (; started < PRODUCERS; started++) {
+		pr[started].pg = b->opt.pg;
+		pr[started].tables = tables;
+		pr[started].ntables = ntables;
+		pr[started].index = started;
+		pr[started].go = &go;
+		pr[started].ready = &ready;
+		if (pthread_create(&pr[started].thread, NULL, producer_main, &pr[started]) != 0) {
+			bench_fail(b, what, "could not start producer threads");
+			ok = false;
+			break;
+		}
+	}
+	deadline = bench_mono_us() + 30000000;
+	while (ok && atomic_load(&ready) < PRODUCERS && bench_mono_us() < deadline)
+		bench_sleep_ms(5);
+	bench_sleep_ms(ok ? 1000 : 0);
+	count_notifies(listener);
+	*notifies = 0;
+	t0 = bench_mono_us();
+	atomic_store(&go, ok ? 1 : 2);
+	while (ok && bench_mono_us() - t0 < run_us && !bench_interrupted()) {
+		bench_sleep_ms(10);
+		*notifies += count_notifies(listener);
+	}
+	atomic_store(&go, 2);
+	for (int i = 0; i < started; i++) {
+		pthread_join(pr[i].thread, NULL);
+		if (pr[i].err[0] && ok) {
+			bench_fail(b, what, "producer %d: %s", i, pr[i].err);
+			ok = false;
+		}
+	}
+	/* Commits still in flight at the end may notify a little later. */
+	bench_sleep_ms(50);
+	*notifies += count_notifies(listener);
+	return ok && !bench_interrupted();
+}
+
 /* One phase: fresh table (trigger dropped when !wakeup), a relay draining it as in
  * production (unless !relay), PRODUCERS threads committing for phase_s seconds. Returns
  * commits/s or NAN; *notifies gets how many producer commits sent a NOTIFY (a listener of our
@@ -92,18 +172,13 @@ static double phase(struct bench *b, const char *table, bool wakeup, bool relay,
 	struct consumer *k = NULL;
 	struct proc_relay rp = { 0 };
 	struct producer pr[PRODUCERS];
-	atomic_int go, ready;
 	char sql[256];
 	double rate = NAN;
 	long total = 0;
-	int started = 0;
-	int64_t t0 = 0, t1 = 0, deadline;
+	int64_t us = 0;
 
 	if (!c)
 		return NAN;
-	memset(pr, 0, sizeof(pr));
-	atomic_init(&go, 0);
-	atomic_init(&ready, 0);
 	if (db_table_fresh(b, c, what, table) != 0)
 		goto out;
 	/* Every trigger a user made, whatever the schema calls the wake-up. */
@@ -119,48 +194,17 @@ static double phase(struct bench *b, const char *table, bool wakeup, bool relay,
 	              mq_consume(b, what, table, NULL, NULL, &k) != 0 ||
 	              proc_relay_start(b, &rp, what, table) != 0))
 		goto out;
-	for (; started < PRODUCERS; started++) {
-		pr[started].pg = b->opt.pg;
-		pr[started].table = table;
-		pr[started].index = started;
-		pr[started].go = &go;
-		pr[started].ready = &ready;
-		if (pthread_create(&pr[started].thread, NULL, producer_main, &pr[started]) != 0) {
-			bench_fail(b, what, "could not start producer threads");
-			atomic_store(&go, 2);
-			goto join;
-		}
+	if (!run_producers(b, pr, &table, 1, (int64_t)b->opt.phase_s * 1000000, listener,
+	                   notifies) ||
+	    (relay && !proc_relay_alive(b, &rp, what)))
+		goto out;
+	/* Each producer's own time: from its first commit to its last, as it saw them. */
+	for (int i = 0; i < PRODUCERS; i++) {
+		total += pr[i].commits[0];
+		us += pr[i].us[0];
 	}
-	deadline = bench_mono_us() + 30000000;
-	while (atomic_load(&ready) < PRODUCERS && bench_mono_us() < deadline)
-		bench_sleep_ms(5);
-	/* Give the relay time to connect and go idle, so the phase starts as production would. */
-	bench_sleep_ms(1000);
-	count_notifies(listener);
-	*notifies = 0;
-	t0 = bench_mono_us();
-	atomic_store(&go, 1);
-	while (bench_mono_us() - t0 < (int64_t)b->opt.phase_s * 1000000 && !bench_interrupted()) {
-		bench_sleep_ms(10);
-		*notifies += count_notifies(listener);
-	}
-	atomic_store(&go, 2);
-	t1 = bench_mono_us();
-join:
-	for (int i = 0; i < started; i++) {
-		pthread_join(pr[i].thread, NULL);
-		if (pr[i].err[0]) {
-			bench_fail(b, what, "producer %d: %s", i, pr[i].err);
-			goto out;
-		}
-		total += pr[i].commits;
-	}
-	if (started == PRODUCERS && (!relay || proc_relay_alive(b, &rp, what)) &&
-	    !bench_interrupted())
-		rate = (double)total / ((double)(t1 - t0) / 1e6);
-	/* Commits still in flight at the end of the phase may notify a little later. */
-	bench_sleep_ms(50);
-	*notifies += count_notifies(listener);
+	if (us > 0)
+		rate = (double)total / ((double)us / 1e6) * PRODUCERS;
 out:
 	PQfinish(listener);
 	proc_relay_stop(b, &rp, what);
@@ -318,69 +362,7 @@ out:
  * relay, a relay drains each table (the one without the wake-up by polling), both running all
  * the time: what the trigger costs producers beside busy relays, not what a woken relay's small
  * batches cost the shared cores, which the phases above include. */
-#define IL_BLOCK 50
-
 static const char *const il_tables[2] = { "bench_pi_with", "bench_pi_without" };
-static const char *const il_names[2] = { "ins_with", "ins_without" };
-
-struct il_producer {
-	pthread_t thread;
-	const char *pg;
-	int index;
-	atomic_int *go; /* 0 wait, 1 run, 2 stop */
-	atomic_int *ready;
-	long commits[2]; /* in whole blocks only: [0] with the wake-up, [1] without */
-	int64_t us[2];
-	char err[256];
-};
-
-static void *il_main(void *arg)
-{
-	struct il_producer *pr = arg;
-	PGconn *c = pgsql_connect(pr->pg, pr->err, sizeof(pr->err));
-	char id[48], body[BENCH_BODY_LEN + 1];
-	const char *params[3];
-	long n = 0;
-
-	if (!c)
-		goto out;
-	for (int t = 0; t < 2; t++)
-		if (db_prepare_insert(c, il_names[t], il_tables[t], pr->err, sizeof(pr->err)) != 0)
-			goto out;
-	memset(body, 'x', BENCH_BODY_LEN);
-	body[BENCH_BODY_LEN] = '\0';
-	params[2] = body;
-	atomic_fetch_add(pr->ready, 1);
-	while (atomic_load(pr->go) == 0)
-		bench_sleep_ms(1);
-	for (long block = pr->index; atomic_load(pr->go) == 1; block++) {
-		int t = (int)(block % 2), done = 0;
-		int64_t t0 = bench_mono_us();
-
-		params[1] = il_tables[t];
-		for (; done < IL_BLOCK && atomic_load(pr->go) == 1; done++) {
-			PGresult *r;
-
-			snprintf(id, sizeof(id), "i%d-%ld", pr->index, ++n);
-			params[0] = id;
-			r = PQexecPrepared(c, il_names[t], 3, params, NULL, NULL, 0);
-			if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-				snprintf(pr->err, sizeof(pr->err), "%s", PQerrorMessage(c));
-				PQclear(r);
-				goto out;
-			}
-			PQclear(r);
-		}
-		if (done == IL_BLOCK) { /* a block cut short by the end is not counted */
-			pr->commits[t] += done;
-			pr->us[t] += bench_mono_us() - t0;
-		}
-	}
-out:
-	PQfinish(c);
-	atomic_fetch_add(pr->ready, 1000); /* counts as ready even on failure: nobody waits */
-	return NULL;
-}
 
 /* One interleaved run of 2 x phase_s seconds; the ratio with / without, or NAN. */
 static double interleaved(struct bench *b, bool relay)
@@ -389,18 +371,13 @@ static double interleaved(struct bench *b, bool relay)
 	PGconn *c = db_open(b, what);
 	struct consumer *k[2] = { NULL, NULL };
 	struct proc_relay rp[2] = { { 0 }, { 0 } };
-	struct il_producer pr[PRODUCERS];
-	atomic_int go, ready;
+	struct producer pr[PRODUCERS];
 	double rate[2], ratio = NAN;
-	long commits[2] = { 0, 0 };
-	int64_t us[2] = { 0, 0 }, t0, deadline;
-	int started = 0;
+	long commits[2] = { 0, 0 }, notifies;
+	int64_t us[2] = { 0, 0 };
 
 	if (!c)
 		return NAN;
-	memset(pr, 0, sizeof(pr));
-	atomic_init(&go, 0);
-	atomic_init(&ready, 0);
 	for (int t = 0; t < 2; t++)
 		if (db_table_fresh(b, c, what, il_tables[t]) != 0)
 			goto out;
@@ -411,43 +388,18 @@ static double interleaved(struct bench *b, bool relay)
 		    mq_consume(b, what, il_tables[t], NULL, NULL, &k[t]) != 0 ||
 		    proc_relay_start(b, &rp[t], what, il_tables[t]) != 0)
 			goto out;
-	for (; started < PRODUCERS; started++) {
-		pr[started].pg = b->opt.pg;
-		pr[started].index = started;
-		pr[started].go = &go;
-		pr[started].ready = &ready;
-		if (pthread_create(&pr[started].thread, NULL, il_main, &pr[started]) != 0) {
-			bench_fail(b, what, "could not start producer threads");
-			atomic_store(&go, 2);
-			goto join;
-		}
-	}
-	deadline = bench_mono_us() + 30000000;
-	while (atomic_load(&ready) < PRODUCERS && bench_mono_us() < deadline)
-		bench_sleep_ms(5);
-	bench_sleep_ms(1000);
-	t0 = bench_mono_us();
-	atomic_store(&go, 1);
-	while (bench_mono_us() - t0 < (int64_t)b->opt.phase_s * 2000000 && !bench_interrupted())
-		bench_sleep_ms(10);
-	atomic_store(&go, 2);
-join:
-	for (int i = 0; i < started; i++) {
-		pthread_join(pr[i].thread, NULL);
-		if (pr[i].err[0]) {
-			bench_fail(b, what, "producer %d: %s", i, pr[i].err);
-			goto out;
-		}
-		for (int t = 0; t < 2; t++) {
-			commits[t] += pr[i].commits[t];
-			us[t] += pr[i].us[t];
-		}
-	}
-	if (started < PRODUCERS || bench_interrupted() || us[0] <= 0 || us[1] <= 0)
+	if (!run_producers(b, pr, il_tables, 2, (int64_t)b->opt.phase_s * 2000000, NULL, &notifies))
 		goto out;
 	for (int t = 0; relay && t < 2; t++)
 		if (!proc_relay_alive(b, &rp[t], what))
 			goto out;
+	for (int i = 0; i < PRODUCERS; i++)
+		for (int t = 0; t < 2; t++) {
+			commits[t] += pr[i].commits[t];
+			us[t] += pr[i].us[t];
+		}
+	if (us[0] <= 0 || us[1] <= 0)
+		goto out;
 	/* Per connection, times the connections: what they commit together while all run. */
 	for (int t = 0; t < 2; t++)
 		rate[t] = (double)commits[t] / ((double)us[t] / 1e6) * PRODUCERS;
