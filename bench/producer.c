@@ -256,7 +256,7 @@ static bool rounds_of(struct bench *b, int rounds, bool relay, double *with, dou
  * few percent. Nobody holds the wake-up lock, so the trigger's function does not notify: what
  * every producer pays while relays are busy.
  * Twice: in one transaction (trigger_us), and committing after each statement as producers do
- * (trigger_tx_us). PL/pgSQL prepares a function's expressions again in each transaction, so the
+ * (trigger_tx_us). PL/pgSQL sets a function's expressions up anew in each transaction, so the
  * second is what a producer pays; the first has no commit in it, and a trigger deferred to
  * commit (the wake-up before the advisory lock was one) shows there as nothing. */
 #define TC_ROUNDS 40
@@ -338,9 +338,8 @@ static void trigger_cost(struct bench *b)
 		if (!trigger_blocks(b, c, commit, &with_us, &without_us))
 			goto out;
 		bench_set(b, commit ? "trigger_tx_us" : "trigger_us", with_us - without_us);
-		printf("producer: the trigger's own cost (one session, %d single-row INSERT "
-		       "statements"
-		       " into each table, interleaved %d at a time, server time, %s):"
+		printf("producer: the trigger's own cost (one session, %d single-row INSERT"
+		       " statements into each table, interleaved %d at a time, server time, %s):"
 		       " with wake-up %.1f us, without %.1f us per statement (+%.1f us, %+.0f "
 		       "%%)\n",
 		       TC_ROUNDS * TC_BLOCK, TC_BLOCK,
