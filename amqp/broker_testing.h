@@ -1,5 +1,5 @@
-/* Test seams of amqp/broker.c: switches that let a test reach a failure path the normal
- * checks make unreachable. Never used by the relay. */
+/* Test seams of the broker (amqp/broker.c, amqp/publish.c): switches that let a test reach a
+ * failure path the normal checks make unreachable. Never used by the relay. */
 #ifndef OUTBOX_AMQP_BROKER_TESTING_H
 #define OUTBOX_AMQP_BROKER_TESTING_H
 
