@@ -139,7 +139,8 @@ static void print_summary(const struct bench *b)
 	}
 	printf(" failures=%d\n", b->failures);
 	printf("targets: ratio>=0.80 backlog_ratio>=0.90 p50_ms<=2 p99_ms<=10 producer_ratio>=0.95 "
-	       "rss_kb<=12288 load_p99_ms<=10\n");
+	       "producer_il_ratio>=0.95 producer_il_relay_ratio>=0.95 rss_kb<=12288 "
+	       "load_p99_ms<=10\n");
 }
 
 /* ---- command line ---- */
