@@ -726,7 +726,7 @@ static void cycle(struct worker *w)
 	struct store_batch *next = &w->batches[1 - w->cur];
 	struct settled st = { 0 };
 	int64_t t0 = clock_mono_us();
-	bool db_ok = true, claiming = false;
+	bool db_ok = true, claiming = false, disarm = w->armed;
 	int brc, rc;
 
 	next->n = 0;
@@ -749,7 +749,9 @@ static void cycle(struct worker *w)
 	if (db_ok && brc == BROKER_OK && !atomic_load(&w->relay->stopping)) {
 		gather(w, x);
 		set_claim_floor(w, x);
-		rc = store_claim_send(w->store, false);
+		/* Still armed when the claim after arming found rows: producers would notify on
+		 * every commit while this loop is busy. This claim lets the lock go. */
+		rc = store_claim_send(w->store, disarm);
 		w->claim_sent_us = clock_mono_us();
 		if (rc < 0) {
 			db_failed(w, rc, "claiming rows");
@@ -768,6 +770,8 @@ static void cycle(struct worker *w)
 			next->n = 0;
 		} else {
 			w->db.streak = 0;
+			if (disarm)
+				w->armed = false;
 		}
 	}
 

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "store/outbox.h"
+#include "store/store_private.h"
 #include "tests/support/fixture.h"
+#include "tests/support/tcp_proxy.h"
 
 /* Generous deadlines: the suite runs under ASan on two cores beside other test files. */
 #define DELIVERY_TIMEOUT_MS 180000
@@ -316,6 +318,79 @@ Test(relay_e2e, idle_relay_wakes_on_commit, .timeout = 120)
 	fprintf(stderr, "relay_e2e: idle commit-to-consumer %lld ms\n", (long long)took);
 	cr_assert_not_null(consumer_find(t.cons, "wake-0000000"));
 	fixture_teardown(&t);
+}
+
+/* Relays holding the table's wake-up lock, the advisory lock a sleeping relay takes. */
+static int64_t wakeup_holders(PGconn *c, const char *table)
+{
+	return harness_pg_int(c,
+	                      "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+	                      " AND classid = %s AND objid = '%s'::regclass::oid AND granted"
+	                      " AND mode = 'ExclusiveLock'",
+	                      STORE_WAKEUP_LOCK_CLASS, table);
+}
+
+/* A relay that ran dry takes the wake-up lock, then claims once more (a producer that tested
+ * the lock before it was taken does not notify). When that claim finds rows the relay is busy
+ * again, and the lock must go with its next claim: while a relay holds it every producer's
+ * commit notifies, and those commits queue one behind the other (bench/run saw producers at a
+ * third of their rate for as long as a busy relay held it). The first batch's confirms are
+ * held back by a stalled proxy, so the relay stays in that batch until the test has looked. */
+Test(relay_e2e, a_relay_busy_after_its_last_claim_lets_the_wakeup_lock_go, .timeout = 300)
+{
+	struct fixture t;
+	struct proxy *mq;
+	PGconn *look = harness_pg_connect();
+	const char *amqp = harness_amqp_url();
+	const char *colon = strrchr(amqp, ':');
+	char url[256];
+
+	fixture_setup(&t, "e2e_arm", NULL);
+	mq = proxy_start(harness_amqp_port());
+	cr_assert_not_null(colon);
+	snprintf(url, sizeof(url), "OUTBOX_AMQP_URL=%.*s:%d", (int)(colon - amqp), amqp,
+	         proxy_port(mq));
+
+	/* The first row makes the relay check the exchange (a broker round trip, which the
+	 * stall would hold up) before the rows that matter. */
+	harness_insert_rows(t.pg, t.table, 1, t.exchange, "warm", "warm", NULL, NULL);
+	/* Inserted before any relay holds the lock: this transaction will not notify. */
+	harness_pg_exec(t.pg, "BEGIN");
+	add_one(t.pg, t.table, "late-1", t.exchange, OUTBOX_ADDED);
+	add_one(t.pg, t.table, "late-2", t.exchange, OUTBOX_ADDED);
+	add_one(t.pg, t.table, "late-3", t.exchange, OUTBOX_ADDED);
+	fixture_relay_start(&t, (const char *const[]){ url, "OUTBOX_RELAY_POLL_INTERVAL=60s",
+	                                               "OUTBOX_RELAY_BATCH_SIZE=1", NULL });
+	/* It sends the first row, runs dry and arms: then it waits for the open transaction. */
+	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(wakeup_holders(look, t.table) == 1, 60000);
+	cr_assert_eq(wakeup_holders(look, t.table), 1, "the idle relay never armed");
+
+	proxy_stall(mq, true);
+	harness_pg_exec(t.pg, "COMMIT");
+	/* The claim after arming takes late-1 and the relay publishes it; the claim that follows
+	 * leases late-2 while the relay waits for late-1's confirm. */
+	HARNESS_WAIT(harness_pg_int(look,
+	                            "SELECT count(*) FROM %s WHERE id = 'late-2'"
+	                            " AND locked_by IS NOT NULL",
+	                            t.table) == 1,
+	             60000);
+	cr_assert_eq(harness_pg_int(look,
+	                            "SELECT count(*) FROM %s WHERE id = 'late-2'"
+	                            " AND locked_by IS NOT NULL",
+	                            t.table),
+	             1, "the relay did not claim on after the claim that followed its arming");
+	cr_assert_eq(wakeup_holders(look, t.table), 0,
+	             "a busy relay still holds the wake-up lock: every commit notifies");
+
+	proxy_stall(mq, false);
+	fixture_expect_unique(&t, t.cons, 4, DELIVERY_TIMEOUT_MS);
+	/* Dry again, it arms again. */
+	HARNESS_WAIT(wakeup_holders(look, t.table) == 1, 60000);
+	cr_assert_eq(wakeup_holders(look, t.table), 1, "the relay did not arm once dry");
+	PQfinish(look);
+	fixture_teardown(&t);
+	proxy_stop(mq);
 }
 
 /* ---- d) two relays share the work without sending anything twice ---- */
