@@ -330,6 +330,13 @@ static int64_t wakeup_holders(PGconn *c, const char *table)
 	                      STORE_WAKEUP_LOCK_CLASS, table);
 }
 
+static bool leased(PGconn *c, const char *table, const char *id)
+{
+	return harness_pg_int(c,
+	                      "SELECT count(*) FROM %s WHERE id = '%s' AND locked_by IS NOT NULL",
+	                      table, id) == 1;
+}
+
 /* A relay that ran dry takes the wake-up lock, then claims once more (a producer that tested
  * the lock before it was taken does not notify). When that claim finds rows the relay is busy
  * again, and the lock must go with its next claim: while a relay holds it every producer's
@@ -370,16 +377,9 @@ Test(relay_e2e, a_relay_busy_after_its_last_claim_lets_the_wakeup_lock_go, .time
 	harness_pg_exec(t.pg, "COMMIT");
 	/* The claim after arming takes late-1 and the relay publishes it; the claim that follows
 	 * leases late-2 while the relay waits for late-1's confirm. */
-	HARNESS_WAIT(harness_pg_int(look,
-	                            "SELECT count(*) FROM %s WHERE id = 'late-2'"
-	                            " AND locked_by IS NOT NULL",
-	                            t.table) == 1,
-	             60000);
-	cr_assert_eq(harness_pg_int(look,
-	                            "SELECT count(*) FROM %s WHERE id = 'late-2'"
-	                            " AND locked_by IS NOT NULL",
-	                            t.table),
-	             1, "the relay did not claim on after the claim that followed its arming");
+	HARNESS_WAIT(leased(look, t.table, "late-2"), 60000);
+	cr_assert(leased(look, t.table, "late-2"),
+	          "the relay did not claim on after the claim that followed its arming");
 	cr_assert_eq(wakeup_holders(look, t.table), 0,
 	             "a busy relay still holds the wake-up lock: every commit notifies");
 
