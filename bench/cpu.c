@@ -171,12 +171,12 @@ static double party_s(const struct cpu_proc *v, size_t n, const pid_t *roots, in
 	return found ? (double)ticks / (double)sysconf(_SC_CLK_TCK) : -1;
 }
 
-static void machine(unsigned long long *busy, unsigned long long *total)
+static void machine(unsigned long long *busy, unsigned long long *total, unsigned long long *steal)
 {
 	unsigned long long f[8] = { 0 };
 	FILE *fp = fopen("/proc/stat", "r");
 
-	*busy = *total = 0;
+	*busy = *total = *steal = 0;
 	if (!fp)
 		return;
 	/* user nice system idle iowait irq softirq steal; guest time is already in user. */
@@ -185,6 +185,7 @@ static void machine(unsigned long long *busy, unsigned long long *total)
 		for (int i = 0; i < 8; i++)
 			*total += f[i];
 		*busy = *total - f[3] - f[4];
+		*steal = f[7];
 	}
 	fclose(fp);
 }
@@ -220,7 +221,7 @@ void cpu_sample(struct cpu_sample *s, pid_t relay)
 	getrusage(RUSAGE_SELF, &ru);
 	s->self_s = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
 	            (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-	machine(&s->busy, &s->total);
+	machine(&s->busy, &s->total, &s->steal);
 }
 
 static double per_msg_us(double a, double z, long n)
@@ -247,12 +248,13 @@ void cpu_cost(const struct cpu_sample *a, const struct cpu_sample *z, long n, st
 			known_s += parts[i] * (double)n / 1e6;
 		}
 	}
-	c->busy_pct = c->other_pct = NAN;
+	c->busy_pct = c->other_pct = c->steal_pct = NAN;
 	if (a->total > 0 && z->total > a->total) {
 		double all_s = (double)(z->total - a->total) / tick;
 		double busy_s = (double)(z->busy - a->busy) / tick;
 
 		c->busy_pct = 100.0 * busy_s / all_s;
+		c->steal_pct = 100.0 * (double)(z->steal - a->steal) / tick / all_s;
 		/* Tick rounding in each process can make the parties add up to a little more than
 		 * the machine saw. */
 		c->other_pct = busy_s > known_s ? 100.0 * (busy_s - known_s) / all_s : 0;
@@ -283,6 +285,10 @@ void cpu_print(const char *what, const struct cpu_cost *c, bool with_db)
 	if (isnan(c->busy_pct))
 		printf("machine busy ?\n");
 	else
-		printf("machine busy %.0f %%, %.0f %% outside these processes\n", c->busy_pct,
-		       c->other_pct);
+		printf("machine busy %.0f %%, %.0f %% outside these processes (steal %.0f %%)\n",
+		       c->busy_pct, c->other_pct, c->steal_pct);
+	if (c->other_pct > CPU_NOISY_PCT)
+		printf("%s: noisy: %.0f %% of the machine went outside these processes, so this "
+		       "stretch's figures are not comparable with another run's\n",
+		       what, c->other_pct);
 }

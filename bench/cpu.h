@@ -14,15 +14,21 @@ struct cpu_sample {
 	double relay_s; /* the relay process (every thread); 0 when none ran yet */
 	double self_s;  /* this process: the measuring consumer and every other thread */
 	unsigned long long busy, total; /* /proc/stat jiffies, all CPUs; total 0 = unknown */
+	unsigned long long steal;       /* of busy: time the hypervisor gave to other guests */
 };
 
 /* CPU per message over an interval, in microseconds (NAN when unknown), and how busy the
- * machine was: busy_pct of all its CPUs, other_pct of them used by processes outside the
- * four parties (a neighbour's load, which makes the figures noisy). */
+ * machine was: busy_pct of all its CPUs, other_pct of them used outside the four parties (a
+ * neighbour's load, the kernel's network work, or steal_pct: time the hypervisor gave to
+ * other guests), which makes the figures noisy. */
 struct cpu_cost {
 	double pg_us, mq_us, relay_us, self_us, total_us;
-	double busy_pct, other_pct;
+	double busy_pct, other_pct, steal_pct;
 };
+
+/* Above this share of the machine outside the four parties, cpu_print() says that the
+ * stretch's figures are not comparable with another run's (a calm machine shows 0-3 %). */
+#define CPU_NOISY_PCT 10.0
 
 /* Reads the counters now. relay is the relay's pid, 0 when it is not running (its share is 0
  * then: a relay started later used nothing before it started). Finds PostgreSQL by the first
@@ -36,8 +42,9 @@ void cpu_sample(struct cpu_sample *s, pid_t relay);
 void cpu_cost(const struct cpu_sample *a, const struct cpu_sample *z, long n, struct cpu_cost *c);
 
 /* Prints "<what>: cpu per message: postgres 54.1 us, rabbitmq 74.9 us, relay 12.0 us,
- * bench+consumer 8.2 us (total 149.2 us); machine busy 91 % of N cores, 3 % outside these
- * processes"; the postgres and relay parts only when with_db (the limit run has neither). */
+ * bench+consumer 8.2 us (total 149.2 us); machine busy 91 %, 3 % outside these processes
+ * (steal 0 %)"; the postgres and relay parts only when with_db (the limit run has neither);
+ * past CPU_NOISY_PCT outside, a second line says the stretch's figures are noisy. */
 void cpu_print(const char *what, const struct cpu_cost *c, bool with_db);
 
 #endif
