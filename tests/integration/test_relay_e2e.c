@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "store/outbox.h"
-#include "store/store_private.h"
 #include "tests/support/fixture.h"
 #include "tests/support/tcp_proxy.h"
 
@@ -320,16 +319,6 @@ Test(relay_e2e, idle_relay_wakes_on_commit, .timeout = 120)
 	fixture_teardown(&t);
 }
 
-/* Relays holding the table's wake-up lock, the advisory lock a sleeping relay takes. */
-static int64_t wakeup_holders(PGconn *c, const char *table)
-{
-	return harness_pg_int(c,
-	                      "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-	                      " AND classid = %s AND objid = '%s'::regclass::oid AND granted"
-	                      " AND mode = 'ExclusiveLock'",
-	                      STORE_WAKEUP_LOCK_CLASS, table);
-}
-
 static bool leased(PGconn *c, const char *table, const char *id)
 {
 	return harness_pg_int(c,
@@ -370,8 +359,8 @@ Test(relay_e2e, a_relay_busy_after_its_last_claim_lets_the_wakeup_lock_go, .time
 	                                               "OUTBOX_RELAY_BATCH_SIZE=1", NULL });
 	/* It sends the first row, runs dry and arms: then it waits for the open transaction. */
 	fixture_expect_unique(&t, t.cons, 1, DELIVERY_TIMEOUT_MS);
-	HARNESS_WAIT(wakeup_holders(look, t.table) == 1, 60000);
-	cr_assert_eq(wakeup_holders(look, t.table), 1, "the idle relay never armed");
+	HARNESS_WAIT(harness_wakeup_holders(look, t.table) == 1, 60000);
+	cr_assert_eq(harness_wakeup_holders(look, t.table), 1, "the idle relay never armed");
 
 	proxy_stall(mq, true);
 	harness_pg_exec(t.pg, "COMMIT");
@@ -380,14 +369,14 @@ Test(relay_e2e, a_relay_busy_after_its_last_claim_lets_the_wakeup_lock_go, .time
 	HARNESS_WAIT(leased(look, t.table, "late-2"), 60000);
 	cr_assert(leased(look, t.table, "late-2"),
 	          "the relay did not claim on after the claim that followed its arming");
-	cr_assert_eq(wakeup_holders(look, t.table), 0,
+	cr_assert_eq(harness_wakeup_holders(look, t.table), 0,
 	             "a busy relay still holds the wake-up lock: every commit notifies");
 
 	proxy_stall(mq, false);
 	fixture_expect_unique(&t, t.cons, 4, DELIVERY_TIMEOUT_MS);
 	/* Dry again, it arms again. */
-	HARNESS_WAIT(wakeup_holders(look, t.table) == 1, 60000);
-	cr_assert_eq(wakeup_holders(look, t.table), 1, "the relay did not arm once dry");
+	HARNESS_WAIT(harness_wakeup_holders(look, t.table) == 1, 60000);
+	cr_assert_eq(harness_wakeup_holders(look, t.table), 1, "the relay did not arm once dry");
 	PQfinish(look);
 	fixture_teardown(&t);
 	proxy_stop(mq);

@@ -1032,16 +1032,6 @@ static bool woken_within(struct store *s, int ms)
 	return woken;
 }
 
-/* Sessions holding the table's wake-up lock (the advisory lock store_arm() takes). */
-static long long wakeup_holders(void)
-{
-	return sql_int(g_admin,
-	               "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-	               " AND classid = %s AND objid = '%s'::regclass::oid AND granted"
-	               " AND mode = 'ExclusiveLock'",
-	               STORE_WAKEUP_LOCK_CLASS, g_table);
-}
-
 Test(store, armed_lock_notifies_and_disarmed_does_not)
 {
 	struct store *a = migrated("wake");
@@ -1052,7 +1042,7 @@ Test(store, armed_lock_notifies_and_disarmed_does_not)
 	add("w0", NULL, 0);
 	cr_assert_not(woken_within(r, 300), "not armed: a commit does not notify");
 	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
-	cr_assert_eq(wakeup_holders(), 1);
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 1);
 	add("w1", NULL, 0);
 	cr_assert(woken_within(r, 15000), "armed: the producer's INSERT notifies");
 	/* Another relay finds the lock taken: the notifications reach it too. */
@@ -1063,7 +1053,7 @@ Test(store, armed_lock_notifies_and_disarmed_does_not)
 
 	/* The claim after a wake lets the lock go in the same statement. */
 	cr_assert_str_eq(claim_str(r, true), "w0,w1,w2");
-	cr_assert_eq(wakeup_holders(), 0);
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 0);
 	add("w3", NULL, 0);
 	cr_assert_not(woken_within(r, 300), "disarmed: no notification");
 
@@ -1071,16 +1061,17 @@ Test(store, armed_lock_notifies_and_disarmed_does_not)
 	cr_assert_eq(store_arm(r2), 1, "%s", store_errmsg(r2));
 	cr_assert_eq(store_arm(r2), 1, "arming twice takes it once");
 	store_free(r2);
-	for (int i = 0; i < 100 && wakeup_holders() > 0; i++)
+	for (int i = 0; i < 100 && harness_wakeup_holders(g_admin, g_table) > 0; i++)
 		usleep(50 * 1000);
-	cr_assert_eq(wakeup_holders(), 0, "the server let the dead session's lock go");
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 0,
+	             "the server let the dead session's lock go");
 	add("w4", NULL, 0);
 	cr_assert_not(woken_within(r, 300), "nobody armed: no notification");
 
 	/* store_disarm() lets it go without claiming. */
 	cr_assert_eq(store_arm(r), 1);
 	cr_assert_eq(store_disarm(r), 0, "%s", store_errmsg(r));
-	cr_assert_eq(wakeup_holders(), 0);
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 0);
 	store_free(r);
 	store_free(a);
 }
@@ -1097,14 +1088,16 @@ Test(store, a_claim_after_a_batch_lets_the_wakeup_lock_go_too)
 	add("f1", NULL, 0);
 	cr_assert_str_eq(claim_str(r, false), "f1");
 	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
-	cr_assert_eq(wakeup_holders(), 1);
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 1);
 	add("f2", NULL, 0);
 	cr_assert_str_eq(claim_str(r, true), "f2");
-	cr_assert_eq(wakeup_holders(), 0, "the claim let the wake-up lock go");
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 0,
+	             "the claim let the wake-up lock go");
 	/* ... and so does the full claim that follows one that leased nothing. */
 	cr_assert_eq(store_arm(r), 1, "%s", store_errmsg(r));
 	cr_assert_str_eq(claim_str(r, true), "");
-	cr_assert_eq(wakeup_holders(), 0, "the empty claim let the wake-up lock go");
+	cr_assert_eq(harness_wakeup_holders(g_admin, g_table), 0,
+	             "the empty claim let the wake-up lock go");
 	store_free(r);
 	store_free(a);
 }

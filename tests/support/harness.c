@@ -1,6 +1,7 @@
 /* Test harness: environment, names, PostgreSQL helpers, the relay process under test and
  * the service controls used by the integration and fault tests (see harness.h). */
 #include "tests/support/harness.h"
+#include "store/store_private.h"
 #include "tests/support/pgsql.h"
 #include "tests/support/process.h"
 
@@ -237,6 +238,15 @@ char *harness_pg_string(PGconn *c, const char *fmt, ...)
 		fail_sql("", err, sql);
 	free(sql);
 	return s;
+}
+
+int64_t harness_wakeup_holders(PGconn *c, const char *table)
+{
+	return harness_pg_int(c,
+	                      "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+	                      " AND classid = %s AND objid = '%s'::regclass::oid AND granted"
+	                      " AND mode = 'ExclusiveLock'",
+	                      STORE_WAKEUP_LOCK_CLASS, table);
 }
 
 /* ---- bulk insert with COPY ---- */

@@ -61,6 +61,9 @@ int harness_pg_try_exec(PGconn *c, char *err, size_t errlen, const char *fmt, ..
 int64_t harness_pg_int(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* First column of the first row; new string (free()), NULL for SQL NULL or no row. */
 char *harness_pg_string(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sessions holding the wake-up lock of table, the one a relay takes while it sleeps (in
+ * exclusive mode; producers test it in shared mode and let it go at once). */
+int64_t harness_wakeup_holders(PGconn *c, const char *table);
 
 /* One outbox row for harness_insert_rows(). NULL fields take the table's defaults
  * ('utf-8', 'application/json', '{}', '{}', no ordering key). */
