@@ -480,6 +480,23 @@ static bool lone_unanswered(const struct broker *b, size_t *row)
 	return false;
 }
 
+/* Row i may be sent now: no outcome yet, never sent, and its body within the broker's limit.
+ * A body above the limit gets BROKER_INVALID here, with its error. */
+static bool ready_to_send(struct broker *b, size_t i)
+{
+	struct broker_result *r = &b->res[i];
+
+	if (r->outcome != BROKER_PENDING ||
+	    confirm_tracker_state(&b->tracker, i) != CONFIRM_TRACKER_UNSENT)
+		return false;
+	if (message_map_check_body(b->bodies[i].len, b->max_body, r->error, sizeof(r->error)) !=
+	    MESSAGE_MAP_OK) {
+		r->outcome = BROKER_INVALID;
+		return false;
+	}
+	return true;
+}
+
 /* The broker closed the publish channel because of one publish while several were without
  * an answer. Every row without an answer is published again, one at a time, waiting for each
  * answer, so that the close that comes again names its row; the others get their real
@@ -493,16 +510,8 @@ static int find_culprit(struct broker *b, int64_t deadline_ms)
 	if (rc != BROKER_OK)
 		return rc;
 	for (size_t i = 0; i < b->n; i++) {
-		struct broker_result *r = &b->res[i];
-
-		if (r->outcome != BROKER_PENDING ||
-		    confirm_tracker_state(&b->tracker, i) != CONFIRM_TRACKER_UNSENT)
+		if (!ready_to_send(b, i))
 			continue;
-		if (message_map_check_body(b->bodies[i].len, b->max_body, r->error,
-		                           sizeof(r->error)) != MESSAGE_MAP_OK) {
-			r->outcome = BROKER_INVALID;
-			continue;
-		}
 		rc = publish_row(b, i);
 		if (rc == BROKER_OK)
 			rc = wait_answers(b, i, deadline_ms);
@@ -544,16 +553,8 @@ static int publish_group(struct broker *b, bool retry)
 
 	update_proven(b);
 	for (size_t i = 0; i < b->n && !b->channel_closed; i++) {
-		struct broker_result *r = &b->res[i];
-
-		if (r->outcome != BROKER_PENDING || b->msgs[i].retry != retry ||
-		    confirm_tracker_state(&b->tracker, i) != CONFIRM_TRACKER_UNSENT)
+		if (b->msgs[i].retry != retry || !ready_to_send(b, i))
 			continue;
-		if (message_map_check_body(b->bodies[i].len, b->max_body, r->error,
-		                           sizeof(r->error)) != MESSAGE_MAP_OK) {
-			r->outcome = BROKER_INVALID;
-			continue;
-		}
 		if (b->bodies[i].len > b->proven_body) {
 			if (sent > 0)
 				return 1;
