@@ -55,6 +55,8 @@ static const struct bench_measurement measurements[] = {
 	    { "producer_alone_ratio", 2 },
 	    { "producer_il_ratio", 2 },
 	    { "producer_il_relay_ratio", 2 },
+	    { "producer_il_durable_ratio", 2 },
+	    { "producer_il_durable_relay_ratio", 2 },
 	    { "trigger_us", 1 },
 	    { "trigger_tx_us", 1 } } },
 	{ "backlog",
@@ -139,7 +141,9 @@ static void print_summary(const struct bench *b)
 	}
 	printf(" failures=%d\n", b->failures);
 	printf("targets: ratio>=0.80 backlog_ratio>=0.90 p50_ms<=2 p99_ms<=10 producer_ratio>=0.95 "
-	       "producer_il_ratio>=0.95 producer_il_relay_ratio>=0.95 rss_kb<=12288 "
+	       "producer_il_ratio>=0.95 producer_il_relay_ratio>=0.95 "
+	       "producer_il_durable_ratio>=0.95 "
+	       "producer_il_durable_relay_ratio>=0.95 rss_kb<=12288 "
 	       "load_p99_ms<=10\n");
 }
 

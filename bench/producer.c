@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "bench/db.h"
@@ -364,7 +365,7 @@ out:
 static const char *const il_tables[2] = { "bench_pi_with", "bench_pi_without" };
 
 /* One interleaved run of 2 x phase_s seconds; the ratio with / without, or NAN. */
-static double interleaved(struct bench *b, bool relay)
+static double interleaved(struct bench *b, bool relay, const char *how)
 {
 	const char *what = "producer";
 	PGconn *c = db_open(b, what);
@@ -404,10 +405,10 @@ static double interleaved(struct bench *b, bool relay)
 		rate[t] = (double)commits[t] / ((double)us[t] / 1e6) * PRODUCERS;
 	ratio = rate[0] / rate[1];
 	printf("producer: interleaved, %d connections alternating %d commits at a time for %d s,"
-	       " %s: with wake-up %.0f commits/s (%ld commits), without %.0f commits/s (%ld);"
+	       " %s%s: with wake-up %.0f commits/s (%ld commits), without %.0f commits/s (%ld);"
 	       " ratio %.2f (target >= 0.95: %s)\n",
 	       PRODUCERS, IL_BLOCK, b->opt.phase_s * 2,
-	       relay ? "a relay on each table" : "no relay", rate[0], commits[0], rate[1],
+	       relay ? "a relay on each table" : "no relay", how, rate[0], commits[0], rate[1],
 	       commits[1], ratio, ratio >= 0.95 ? "met" : "MISSED");
 out:
 	for (int t = 0; t < 2; t++) {
@@ -417,6 +418,78 @@ out:
 	}
 	PQfinish(c);
 	return ratio;
+}
+
+/* Turns fsync and full_page_writes on (on) or back to the server's configuration files (off)
+ * and waits until a new session sees the change. -1 after bench_fail(what). */
+static int durable_commits(struct bench *b, PGconn *c, bool on)
+{
+	static const char *const set[] = { "ALTER SYSTEM SET fsync = on",
+		                           "ALTER SYSTEM SET full_page_writes = on" };
+	static const char *const reset[] = { "ALTER SYSTEM RESET fsync",
+		                             "ALTER SYSTEM RESET full_page_writes" };
+	const char *want = on ? "on" : "off";
+
+	for (int i = 0; i < 2; i++) /* one statement each: ALTER SYSTEM takes no transaction */
+		if (db_exec(b, c, "producer", on ? set[i] : reset[i]) != 0)
+			return -1;
+	if (db_exec(b, c, "producer", "SELECT pg_reload_conf()") != 0)
+		return -1;
+	/* The postmaster rereads its files when the signal reaches it; new sessions then start
+	 * with the new values. */
+	for (int i = 0; i < 600 && !bench_interrupted(); i++) {
+		PGconn *n = db_open(b, "producer");
+		char fs[8] = "";
+
+		if (!n)
+			return -1;
+		db_show(n, "SHOW fsync", fs, sizeof(fs));
+		PQfinish(n);
+		if (strcmp(fs, want) == 0)
+			return 0;
+		usleep(50 * 1000);
+	}
+	if (bench_interrupted())
+		return 0; /* the reset went out; the run is ending */
+	bench_fail(b, "producer", "the server's fsync did not turn %s after a reload", want);
+	return -1;
+}
+
+#define DURABLE ", commits flushed to disk (fsync and full_page_writes on)"
+
+/* The interleaved runs again with every commit flushed to disk, as a production server does:
+ * the benchmark's servers run with fsync off, which makes a commit cheap and the trigger a
+ * larger share of it. Only on a server whose fsync is off by its configuration files (not by
+ * ALTER SYSTEM), so that resetting gives it back exactly; otherwise the runs above already
+ * flushed their commits, or the server is not the benchmark's to change. */
+static void interleaved_durable(struct bench *b)
+{
+	PGconn *c = db_open(b, "producer");
+	long long ok;
+
+	if (!c)
+		return;
+	ok = db_count(c, "SELECT CASE WHEN current_setting('is_superuser') = 'on' THEN count(*) "
+	                 "FILTER (WHERE name = 'fsync' AND setting = 'off')"
+	                 " - count(*) FILTER (WHERE coalesce(sourcefile, '') LIKE"
+	                 " '%postgresql.auto.conf') END"
+	                 " FROM pg_settings WHERE name IN ('fsync', 'full_page_writes')");
+	if (ok != 1) {
+		printf("producer: interleaved with commits flushed to disk: not measured (the "
+		       "server's fsync is on already or set by ALTER SYSTEM, or this session is "
+		       "not a superuser)\n");
+		PQfinish(c);
+		return;
+	}
+	if (durable_commits(b, c, true) == 0) {
+		bench_set(b, "producer_il_durable_ratio", interleaved(b, false, DURABLE));
+		bench_set(b, "producer_il_durable_relay_ratio", interleaved(b, true, DURABLE));
+	}
+	if (durable_commits(b, c, false) != 0)
+		bench_fail(b, "producer",
+		           "fsync and full_page_writes may still be on: run ALTER "
+		           "SYSTEM RESET for both and reload");
+	PQfinish(c);
 }
 
 /* As in production, with the relay draining the table (four rounds in a full run: two moved
@@ -438,8 +511,9 @@ void measure_producer(struct bench *b)
 	bench_set(b, "producer_without", without);
 	bench_set(b, "producer_ratio", ratio);
 	bench_set(b, "producer_alone_ratio", alone);
-	bench_set(b, "producer_il_ratio", interleaved(b, false));
-	bench_set(b, "producer_il_relay_ratio", interleaved(b, true));
+	bench_set(b, "producer_il_ratio", interleaved(b, false, ""));
+	bench_set(b, "producer_il_relay_ratio", interleaved(b, true, ""));
+	interleaved_durable(b);
 	printf("producer: relay running: with wake-up %.0f commits/s, without %.0f commits/s; "
 	       "ratio %.2f (target >= 0.95: %s)\n",
 	       with, without, ratio, ratio >= 0.95 ? "met" : "MISSED");
