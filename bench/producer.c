@@ -424,15 +424,16 @@ out:
  * and waits until a new session sees the change. -1 after bench_fail(what). */
 static int durable_commits(struct bench *b, PGconn *c, bool on)
 {
-	static const char *const set[] = { "ALTER SYSTEM SET fsync = on",
-		                           "ALTER SYSTEM SET full_page_writes = on" };
-	static const char *const reset[] = { "ALTER SYSTEM RESET fsync",
-		                             "ALTER SYSTEM RESET full_page_writes" };
+	static const char *const names[] = { "fsync", "full_page_writes" };
 	const char *want = on ? "on" : "off";
+	char sql[64];
 
-	for (int i = 0; i < 2; i++) /* one statement each: ALTER SYSTEM takes no transaction */
-		if (db_exec(b, c, "producer", on ? set[i] : reset[i]) != 0)
+	for (int i = 0; i < 2; i++) { /* one statement each: ALTER SYSTEM takes no transaction */
+		snprintf(sql, sizeof(sql), "ALTER SYSTEM %s %s%s", on ? "SET" : "RESET", names[i],
+		         on ? " = on" : "");
+		if (db_exec(b, c, "producer", sql) != 0)
 			return -1;
+	}
 	if (db_exec(b, c, "producer", "SELECT pg_reload_conf()") != 0)
 		return -1;
 	/* The postmaster rereads its files when the signal reaches it; new sessions then start
