@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/cpu.h"
 #include "bench/db.h"
 #include "bench/mq.h"
 #include "bench/proc.h"
@@ -34,6 +35,7 @@ struct producer {
 	int index;
 	atomic_int *go; /* 0 wait, 1 run, 2 stop */
 	atomic_int *ready;
+	pid_t backend;   /* its session's server process */
 	long commits[2]; /* per table; on two tables, in whole blocks only */
 	int64_t us[2];   /* time spent in each table's whole blocks */
 	char err[256];
@@ -51,6 +53,7 @@ static void *producer_main(void *arg)
 
 	if (!c)
 		goto out;
+	pr->backend = (pid_t)PQbackendPID(c);
 	for (int t = 0; t < pr->ntables; t++)
 		if (db_prepare_insert(c, stmt_names[t], pr->tables[t], pr->err, sizeof(pr->err)) !=
 		    0)
@@ -107,13 +110,60 @@ static long count_notifies(PGconn *c)
 	return count;
 }
 
+/* PostgreSQL's CPU while the producers committed, by session: theirs and the relays'. */
+struct session_cpu {
+	PGconn *c;          /* to find the relays' sessions */
+	double producers_s; /* NAN when a session's process could not be read */
+	double relays_s;    /* NAN without relay sessions */
+};
+
+#define MAX_RELAY_SESSIONS 16
+
+/* The server processes of the relays' sessions in this database (their application_name
+ * starts with outbox-relay: workers and maintenance); how many. */
+static size_t relay_sessions(PGconn *c, pid_t *pids)
+{
+	PGresult *r =
+	        PQexec(c, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+	                  " AND application_name LIKE 'outbox-relay%'");
+	size_t n = 0;
+
+	for (int i = 0;
+	     PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r) && n < MAX_RELAY_SESSIONS;
+	     i++) {
+		char *end;
+		long pid;
+
+		errno = 0;
+		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
+		if (errno == 0 && *end == '\0' && pid > 0)
+			pids[n++] = (pid_t)pid;
+	}
+	PQclear(r);
+	return n;
+}
+
+/* Prints " <label> <us> us" for s seconds over n commits, or " <label> unknown". */
+static void session_us(const char *label, double s, long n)
+{
+	if (isnan(s) || n <= 0)
+		printf(" %s unknown", label);
+	else
+		printf(" %s %.1f us", label, s * 1e6 / (double)n);
+}
+
 /* Starts PRODUCERS threads on tables (ntables: one, or two to alternate between), lets them
  * commit for run_us once every one is connected and a second has passed (for a relay to connect
  * and go idle, so that the run starts as production would), and joins them. While they run,
- * *notifies counts what reached listener (when there is one). False after bench_fail(). */
+ * *notifies counts what reached listener (when there is one), and sc (when not NULL) what
+ * the producers' and the relays' sessions spent meanwhile. False after bench_fail(). */
 static bool run_producers(struct bench *b, struct producer *pr, const char *const *tables,
-                          int ntables, int64_t run_us, PGconn *listener, long *notifies)
+                          int ntables, int64_t run_us, PGconn *listener, long *notifies,
+                          struct session_cpu *sc)
 {
+	pid_t mine[PRODUCERS], relays[MAX_RELAY_SESSIONS];
+	size_t n_relays = 0, found;
+	double mine0 = NAN, relays0 = NAN;
 	const char *what = "producer";
 	atomic_int go, ready;
 	int64_t t0, deadline;
@@ -142,11 +192,30 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 	bench_sleep_ms(ok ? 1000 : 0);
 	count_notifies(listener);
 	*notifies = 0;
+	if (sc)
+		sc->producers_s = sc->relays_s = NAN;
+	if (sc && ok) {
+		for (int i = 0; i < PRODUCERS; i++)
+			mine[i] = pr[i].backend;
+		mine0 = cpu_pids_s(mine, PRODUCERS, &found);
+		if (found < PRODUCERS)
+			mine0 = NAN;
+		n_relays = relay_sessions(sc->c, relays);
+		relays0 = n_relays ? cpu_pids_s(relays, n_relays, &found) : NAN;
+	}
 	t0 = bench_mono_us();
 	atomic_store(&go, ok ? 1 : 2);
 	while (ok && bench_mono_us() - t0 < run_us && !bench_interrupted()) {
 		bench_sleep_ms(10);
 		*notifies += count_notifies(listener);
+	}
+	if (sc && ok) {
+		sc->producers_s = cpu_pids_s(mine, PRODUCERS, &found) - mine0;
+		if (found < PRODUCERS)
+			sc->producers_s = NAN;
+		sc->relays_s = cpu_pids_s(relays, n_relays, &found) - relays0;
+		if (found < n_relays)
+			sc->relays_s = NAN;
 	}
 	atomic_store(&go, 2);
 	for (int i = 0; i < started; i++) {
@@ -195,8 +264,8 @@ static double phase(struct bench *b, const char *table, bool wakeup, bool relay,
 	              mq_consume(b, what, table, NULL, NULL, &k) != 0 ||
 	              proc_relay_start(b, &rp, what, table) != 0))
 		goto out;
-	if (!run_producers(b, pr, &table, 1, (int64_t)b->opt.phase_s * 1000000, listener,
-	                   notifies) ||
+	if (!run_producers(b, pr, &table, 1, (int64_t)b->opt.phase_s * 1000000, listener, notifies,
+	                   NULL) ||
 	    (relay && !proc_relay_alive(b, &rp, what)))
 		goto out;
 	/* Each producer's own time: from its first commit to its last, as it saw them. */
@@ -372,6 +441,7 @@ static double interleaved(struct bench *b, bool relay, const char *how)
 	struct consumer *k[2] = { NULL, NULL };
 	struct proc_relay rp[2] = { { 0 }, { 0 } };
 	struct producer pr[PRODUCERS];
+	struct session_cpu sc = { .c = c };
 	double rate[2], ratio = NAN;
 	long commits[2] = { 0, 0 }, notifies;
 	int64_t us[2] = { 0, 0 };
@@ -388,7 +458,8 @@ static double interleaved(struct bench *b, bool relay, const char *how)
 		    mq_consume(b, what, il_tables[t], NULL, NULL, &k[t]) != 0 ||
 		    proc_relay_start(b, &rp[t], what, il_tables[t]) != 0)
 			goto out;
-	if (!run_producers(b, pr, il_tables, 2, (int64_t)b->opt.phase_s * 2000000, NULL, &notifies))
+	if (!run_producers(b, pr, il_tables, 2, (int64_t)b->opt.phase_s * 2000000, NULL, &notifies,
+	                   &sc))
 		goto out;
 	for (int t = 0; relay && t < 2; t++)
 		if (!proc_relay_alive(b, &rp[t], what))
@@ -410,6 +481,16 @@ static double interleaved(struct bench *b, bool relay, const char *how)
 	       PRODUCERS, IL_BLOCK, b->opt.phase_s * 2,
 	       relay ? "a relay on each table" : "no relay", how, rate[0], commits[0], rate[1],
 	       commits[1], ratio, ratio >= 0.95 ? "met" : "MISSED");
+	/* Where the database's time went: with relays keeping up, their sessions can cost about
+	 * what the producers' own do (README, Performance). */
+	printf("producer: interleaved, %s%s: database CPU per commit:",
+	       relay ? "a relay on each table" : "no relay", how);
+	session_us("the producers' sessions", sc.producers_s, commits[0] + commits[1]);
+	if (relay) {
+		printf(",");
+		session_us("the relays'", sc.relays_s, commits[0] + commits[1]);
+	}
+	printf("\n");
 out:
 	for (int t = 0; t < 2; t++) {
 		proc_relay_stop(b, &rp[t], what);
