@@ -171,17 +171,18 @@ static double party_s(const struct cpu_proc *v, size_t n, const pid_t *roots, in
 	return found ? (double)ticks / (double)sysconf(_SC_CLK_TCK) : -1;
 }
 
-double cpu_pids_s(const pid_t *pids, size_t n, size_t *found)
+double cpu_pids_s(const pid_t *pids, size_t n)
 {
 	unsigned long long ticks = 0;
 	struct cpu_proc p;
 
-	*found = 0;
-	for (size_t i = 0; i < n; i++)
-		if (pids[i] > 0 && read_proc(pids[i], &p) == 0) {
-			ticks += p.own;
-			(*found)++;
-		}
+	if (n == 0)
+		return NAN;
+	for (size_t i = 0; i < n; i++) {
+		if (pids[i] <= 0 || read_proc(pids[i], &p) != 0)
+			return NAN;
+		ticks += p.own;
+	}
 	return (double)ticks / (double)sysconf(_SC_CLK_TCK);
 }
 

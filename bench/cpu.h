@@ -38,10 +38,10 @@ struct cpu_cost {
  * failure. */
 void cpu_sample(struct cpu_sample *s, pid_t relay);
 
-/* CPU seconds used so far by the processes pids (utime + stime, every thread), those gone
- * skipped; into *found how many were read. For PostgreSQL's backends one by one: which
- * session spent what. */
-double cpu_pids_s(const pid_t *pids, size_t n, size_t *found);
+/* CPU seconds used so far by the processes pids together (utime + stime, every thread); NAN
+ * when there are none or one cannot be read (gone, or pid 0). For PostgreSQL's backends one
+ * by one: which sessions spent what. */
+double cpu_pids_s(const pid_t *pids, size_t n);
 
 /* The CPU between a and z per message (n messages) into c. */
 void cpu_cost(const struct cpu_sample *a, const struct cpu_sample *z, long n, struct cpu_cost *c);

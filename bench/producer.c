@@ -35,9 +35,9 @@ struct producer {
 	int index;
 	atomic_int *go; /* 0 wait, 1 run, 2 stop */
 	atomic_int *ready;
-	pid_t backend;   /* its session's server process */
-	long commits[2]; /* per table; on two tables, in whole blocks only */
-	int64_t us[2];   /* time spent in each table's whole blocks */
+	atomic_int backend; /* its session's server process; 0 until connected */
+	long commits[2];    /* per table; on two tables, in whole blocks only */
+	int64_t us[2];      /* time spent in each table's whole blocks */
 	char err[256];
 };
 
@@ -53,7 +53,7 @@ static void *producer_main(void *arg)
 
 	if (!c)
 		goto out;
-	pr->backend = (pid_t)PQbackendPID(c);
+	atomic_store(&pr->backend, PQbackendPID(c));
 	for (int t = 0; t < pr->ntables; t++)
 		if (db_prepare_insert(c, stmt_names[t], pr->tables[t], pr->err, sizeof(pr->err)) !=
 		    0)
@@ -114,7 +114,7 @@ static long count_notifies(PGconn *c)
 struct session_cpu {
 	PGconn *c;          /* to find the relays' sessions */
 	double producers_s; /* NAN when a session's process could not be read */
-	double relays_s;    /* NAN without relay sessions */
+	double relays_s;    /* NAN as well without relay sessions */
 };
 
 #define MAX_RELAY_SESSIONS 16
@@ -162,7 +162,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
                           struct session_cpu *sc)
 {
 	pid_t mine[PRODUCERS], relays[MAX_RELAY_SESSIONS];
-	size_t n_relays = 0, found;
+	size_t n_relays = 0;
 	double mine0 = NAN, relays0 = NAN;
 	const char *what = "producer";
 	atomic_int go, ready;
@@ -171,6 +171,8 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 	bool ok = true;
 
 	memset(pr, 0, PRODUCERS * sizeof(*pr));
+	for (int i = 0; i < PRODUCERS; i++)
+		atomic_init(&pr[i].backend, 0);
 	atomic_init(&go, 0);
 	atomic_init(&ready, 0);
 	for (; started < PRODUCERS; started++) {
@@ -192,16 +194,12 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 	bench_sleep_ms(ok ? 1000 : 0);
 	count_notifies(listener);
 	*notifies = 0;
-	if (sc)
-		sc->producers_s = sc->relays_s = NAN;
-	if (sc && ok) {
+	if (sc) {
 		for (int i = 0; i < PRODUCERS; i++)
-			mine[i] = pr[i].backend;
-		mine0 = cpu_pids_s(mine, PRODUCERS, &found);
-		if (found < PRODUCERS)
-			mine0 = NAN;
+			mine[i] = (pid_t)atomic_load(&pr[i].backend);
+		mine0 = cpu_pids_s(mine, PRODUCERS);
 		n_relays = relay_sessions(sc->c, relays);
-		relays0 = n_relays ? cpu_pids_s(relays, n_relays, &found) : NAN;
+		relays0 = cpu_pids_s(relays, n_relays);
 	}
 	t0 = bench_mono_us();
 	atomic_store(&go, ok ? 1 : 2);
@@ -209,13 +207,9 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 		bench_sleep_ms(10);
 		*notifies += count_notifies(listener);
 	}
-	if (sc && ok) {
-		sc->producers_s = cpu_pids_s(mine, PRODUCERS, &found) - mine0;
-		if (found < PRODUCERS)
-			sc->producers_s = NAN;
-		sc->relays_s = cpu_pids_s(relays, n_relays, &found) - relays0;
-		if (found < n_relays)
-			sc->relays_s = NAN;
+	if (sc) {
+		sc->producers_s = cpu_pids_s(mine, PRODUCERS) - mine0;
+		sc->relays_s = cpu_pids_s(relays, n_relays) - relays0;
 	}
 	atomic_store(&go, 2);
 	for (int i = 0; i < started; i++) {
