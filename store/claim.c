@@ -73,7 +73,7 @@ static void feed_sample(struct store *s, const char *w_text, const char *holders
 static void use_sample(struct store *s, const PGresult *res, int i, int64_t left,
                        struct store_batch *out, int64_t sent_ms)
 {
-	int64_t n = -1;
+	int64_t n = -1, marked = 0;
 
 	/* Over the round: a key looked at by an earlier claim of it may still wait. */
 	s->round_waiting =
@@ -86,6 +86,9 @@ static void use_sample(struct store *s, const PGresult *res, int i, int64_t left
 		       (size_t)PQgetlength(res, i, COL_KEY_CURSOR) + 1);
 	if (store_parse_int64(PQgetvalue(res, i, COL_WM_NHOLDERS), &n) != 0)
 		n = -1;
+	if (!PQgetisnull(res, i, COL_MARKED) &&
+	    store_parse_int64(PQgetvalue(res, i, COL_MARKED), &marked) == 0 && marked > 0)
+		s->claim_marked = (size_t)marked;
 	/* No sample when the claim found no keyed row and none was asked for (statements.c). */
 	if (!PQgetisnull(res, i, COL_WM_SEQ)) {
 		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
@@ -271,11 +274,13 @@ static int64_t floor_in_effect(const struct store *s, int batch_size)
 	return s->claim_seen + 1 > asked - reach ? s->claim_seen + 1 : asked - reach;
 }
 
-/* Sends claim statement name (ST_CLAIM or ST_CLAIM_FULL) under a new token. */
-static int claim_send(struct store *s, const char *name, bool disarm)
+/* Sends claim statement name (ST_CLAIM, ST_CLAIM_FULL, or with mark_ids and mark_token
+ * ST_CLAIM_MARK or ST_CLAIM_DROP) under a new token. */
+static int claim_send(struct store *s, const char *name, bool disarm, const char *mark_ids,
+                      const char *mark_token)
 {
 	char max[16], batch[16], lease[24], floor_seq[24], safe[24], budget[24], nkeys[16];
-	const char *params[11];
+	const char *params[13];
 	int64_t now = clock_mono_ms();
 	int batch_size = s->opts.batch_size > 0 ? s->opts.batch_size : 1;
 	int rc;
@@ -318,7 +323,11 @@ static int claim_send(struct store *s, const char *name, bool disarm)
 	params[8] = s->has_cursor ? s->key_cursor : NULL;
 	params[9] = nkeys;
 	params[10] = s->sampled_ms == 0 || now - s->sampled_ms >= STORE_SAMPLE_EVERY_MS ? "t" : "f";
-	return store_send_prepared(s, name, 11, params, STORE_INFLIGHT_CLAIM, "could not claim");
+	params[11] = mark_ids;
+	params[12] = mark_token;
+	s->claim_marked = 0;
+	return store_send_prepared(s, name, mark_ids ? 13 : 11, params, STORE_INFLIGHT_CLAIM,
+	                           "could not claim");
 }
 
 /* The claim that keeps its rows once (ST_CLAIM) saves a copy of each row it leases, and costs a
@@ -327,13 +336,40 @@ static int claim_send(struct store *s, const char *name, bool disarm)
  * keys-only claims going round heads that are not ready, take the full claim, whose copies are
  * few: under 2,000 commits a second, always taking ST_CLAIM cost PostgreSQL 8-11 % more per
  * message. */
-int store_claim_send(struct store *s, bool disarm)
+static bool claim_big(const struct store *s)
 {
 	int batch_size = s->opts.batch_size > 0 ? s->opts.batch_size : 1;
 	size_t many = batch_size / 8 > 0 ? (size_t)batch_size / 8 : 1;
-	bool big = s->claim_floor != STORE_FLOOR_KEYS_ONLY && s->claim_last_n >= many;
 
-	return claim_send(s, big ? ST_CLAIM : ST_CLAIM_FULL, disarm);
+	return s->claim_floor != STORE_FLOOR_KEYS_ONLY && s->claim_last_n >= many;
+}
+
+int store_claim_send(struct store *s, bool disarm)
+{
+	return claim_send(s, claim_big(s) ? ST_CLAIM : ST_CLAIM_FULL, disarm, NULL, NULL);
+}
+
+bool store_claim_carries_mark(const struct store *s)
+{
+	return !claim_big(s);
+}
+
+int store_claim_mark_send(struct store *s, bool disarm, const char *token, const int64_t *seqs,
+                          size_t n, bool delete_rows)
+{
+	const char *ids;
+	int rc;
+
+	if (n == 0)
+		return store_claim_send(s, disarm);
+	if ((rc = store_mark_params(s, token, seqs, n, &ids)) != 0)
+		return rc;
+	return claim_send(s, delete_rows ? ST_CLAIM_DROP : ST_CLAIM_MARK, disarm, ids, token);
+}
+
+size_t store_claim_marked(const struct store *s)
+{
+	return s->claim_marked;
 }
 
 void store_set_claim_floor(struct store *s, int64_t from_seq)
@@ -357,7 +393,7 @@ int store_claim_recv(struct store *s, struct store_batch *out)
 	 * claim says why, or leases what came meanwhile. */
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 0) {
 		PQclear(res);
-		if ((rc = claim_send(s, ST_CLAIM_FULL, s->claim_disarm)) != 0)
+		if ((rc = claim_send(s, ST_CLAIM_FULL, s->claim_disarm, NULL, NULL)) != 0)
 			return rc;
 		sent_ms = s->inflight_sent_ms;
 		res = store_collect(s);

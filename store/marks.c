@@ -23,20 +23,29 @@ static int64_t int64_at(const void *items, size_t i)
 	return ((const int64_t *)items)[i];
 }
 
+int store_mark_params(struct store *s, const char *token, const int64_t *seqs, size_t n,
+                      const char **ids)
+{
+	int rc;
+
+	if ((rc = store_ensure_prepared(s)) != 0 || (rc = need_token(s, token)) != 0)
+		return rc;
+	return store_int_array(s, STORE_SLOT_IDS, seqs, n, int64_at, ids);
+}
+
 int store_mark_published_send(struct store *s, const char *token, const int64_t *seqs, size_t n,
                               bool delete_rows)
 {
 	const char *params[2];
 	int rc;
 
-	if ((rc = store_ensure_prepared(s)) != 0 || (rc = need_token(s, token)) != 0)
-		return rc;
 	if (n == 0) {
+		if ((rc = store_ensure_prepared(s)) != 0 || (rc = need_token(s, token)) != 0)
+			return rc;
 		s->inflight = STORE_INFLIGHT_MARK_NOOP;
 		return 0;
 	}
-	rc = store_int_array(s, STORE_SLOT_IDS, seqs, n, int64_at, &params[0]);
-	if (rc != 0)
+	if ((rc = store_mark_params(s, token, seqs, n, &params[0])) != 0)
 		return rc;
 	params[1] = token;
 	return store_send_prepared(s, delete_rows ? ST_DELETE : ST_MARK, 2, params,

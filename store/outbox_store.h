@@ -136,6 +136,18 @@ int store_claim(struct store *s, bool disarm, struct store_batch *out)
  * store call may be made in between. */
 int store_claim_send(struct store *s, bool disarm) __attribute__((warn_unused_result));
 int store_claim_recv(struct store *s, struct store_batch *out) __attribute__((warn_unused_result));
+/* A claim that also marks (or deletes) a batch's confirmed rows, as store_mark_published would,
+ * in the same statement and transaction (which then commits durably): one statement a turn
+ * instead of two, where each claim finds a few rows and the statements' fixed costs count.
+ * The claim is the full one (it answers a row of its own): store_claim_carries_mark() says
+ * when that is the claim the store would take anyway, after a claim of few rows. The claim
+ * does not see the mark, so it never takes a keyed row queued behind one being marked: mark
+ * a batch with ordering keys on its own. Read with store_claim_recv(); then
+ * store_claim_marked() gives how many rows the mark hit. If the claim fails, so did the mark. */
+bool store_claim_carries_mark(const struct store *s);
+int store_claim_mark_send(struct store *s, bool disarm, const char *token, const int64_t *seqs,
+                          size_t n, bool delete_rows) __attribute__((warn_unused_result));
+size_t store_claim_marked(const struct store *s);
 
 /* Makes the following claims consider only unkeyed rows with seq >= from_seq (0 = all rows;
  * STORE_FLOOR_KEYS_ONLY = none: claims that only go on through the ordering keys, and look at

@@ -66,10 +66,11 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	return rc;
 }
 
-/* The claim's common part: every CTE up to b, the rows to lease. Six %s: the table three
- * times, the alive condition, the table twice more. */
+/* The claim's common part: every CTE up to b, the rows to lease, after "WITH RECURSIVE" and
+ * any CTE of the caller's. Six %s: the table three times, the alive condition, the table twice
+ * more. */
 #define CLAIM_CTES                                                                         \
-	"WITH RECURSIVE disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"    \
+	"disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"                   \
 	" keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL" \
 	" AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"     \
 	" ORDER BY o.ordering_key LIMIT 1)"                                                \
@@ -105,6 +106,41 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	" EXISTS (SELECT 1 FROM heads WHERE seq > $7::bigint) AS above,"                    \
 	" CASE WHEN (SELECT count(*) FROM kk) >= $10::int THEN (SELECT max(k) FROM kk) END" \
 	" AS key_cursor"
+
+/* A mark carried by the full claim ($12 the seqs, $13 the mark's token): the statement of
+ * ST_MARK or ST_DELETE as CTE m, durable like them, so the whole claim commits durably. Its
+ * rows are this relay's, under their lease, which no claim takes. A row whose lease ran out
+ * meanwhile may be reached by both: whichever comes second misses it, so it is either marked,
+ * or claimed again and published once more (as when another relay takes it over). It comes
+ * first, where pg_stat_activity shows it (the statement's first 1 KB by default). */
+#define CARRIED_HEAD "durable AS (SELECT set_config('synchronous_commit', 'on', true)), m AS ("
+#define CARRIED_MARK " SET published_at = now(), locked_by = NULL, locked_until = NULL FROM durable"
+#define CARRIED_WHERE                                                                        \
+	" WHERE seq = ANY($12::bigint[]) AND locked_by = $13::text AND published_at IS NULL" \
+	" RETURNING 1), "
+
+/* The full claim, carrying a mark (verb "UPDATE" or "DELETE FROM" the table, then rest) or not
+ * (verb NULL): CTE m, counted by the sample's row. */
+static int prepare_full_claim(struct store *s, const char *name, const char *t, const char *alive,
+                              const char *verb, const char *rest)
+{
+	bool m = verb != NULL;
+
+	return prepare_one(
+	        s, name, m ? 13 : 11,
+	        "WITH RECURSIVE %s%s %s%s%s" CLAIM_CTES
+	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
+	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
+	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
+	        " NULL::boolean, NULL::text, NULL::bigint FROM u"
+	        " UNION ALL"
+	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+	        " NULL, NULL, s.w, h.holders, h.n, " CLAIM_LEASE_LEFT "," CLAIM_KEYS_SEEN
+	        ", %s" CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
+	        m ? CARRIED_HEAD : "", m ? verb : "", m ? t : "", m ? rest : "",
+	        m ? CARRIED_WHERE : "", t, t, t, alive, t, t, t,
+	        m ? "(SELECT count(*) FROM m)" : "NULL::bigint", s->seq_oid, s->db_oid, s->seq_oid);
+}
 
 /* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead, the
  * oldest that is not dead), and only up to the settled ordering watermark ($7), below which no
@@ -143,28 +179,22 @@ static int prepare_claim(struct store *s, const char *t)
 	int rc;
 
 	rc = prepare_one(s, ST_CLAIM, 11,
-	                 CLAIM_CTES
+	                 "WITH RECURSIVE " CLAIM_CTES
 	                 ", smp AS MATERIALIZED (SELECT s.w, h.holders, h.n," CLAIM_KEYS_SEEN
 	                         CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d)"
 	                 " UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
 	                 " FROM b, smp WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS
 	                 ", smp.w, smp.holders, smp.n, " CLAIM_LEASE_LEFT ", smp.above,"
-	                 " smp.key_cursor",
+	                 " smp.key_cursor, NULL::bigint",
 	                 t, t, t, alive, t, t, s->seq_oid, s->db_oid, s->seq_oid, t);
-	if (rc != 0)
-		return rc;
-	return prepare_one(
-	        s, ST_CLAIM_FULL, 11,
-	        CLAIM_CTES
-	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
-	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
-	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
-	        " NULL::boolean, NULL::text FROM u"
-	        " UNION ALL"
-	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-	        " NULL, NULL, s.w, h.holders, h.n, " CLAIM_LEASE_LEFT
-	        "," CLAIM_KEYS_SEEN CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
-	        t, t, t, alive, t, t, t, s->seq_oid, s->db_oid, s->seq_oid);
+	if (rc == 0)
+		rc = prepare_full_claim(s, ST_CLAIM_FULL, t, alive, NULL, NULL);
+	if (rc == 0)
+		rc = prepare_full_claim(s, ST_CLAIM_MARK, t, alive, "UPDATE", CARRIED_MARK);
+	if (rc == 0)
+		rc = prepare_full_claim(s, ST_CLAIM_DROP, t, alive, "DELETE FROM",
+		                        " USING durable");
+	return rc;
 }
 
 int store_ensure_prepared(struct store *s)

@@ -30,6 +30,8 @@ enum store_inflight {
 /* Names of the prepared statements (per connection), see statements.c. */
 #define ST_CLAIM       "outbox_claim"
 #define ST_CLAIM_FULL  "outbox_claim_full"
+#define ST_CLAIM_MARK  "outbox_claim_mark"   /* the full claim carrying a mark */
+#define ST_CLAIM_DROP  "outbox_claim_delete" /* the full claim carrying a delete */
 #define ST_SAMPLE      "outbox_sample"
 #define ST_MARK        "outbox_mark"
 #define ST_DELETE      "outbox_delete"
@@ -78,6 +80,7 @@ enum store_claim_col {
 	COL_LEASE_LEFT, /* ms, by the database clock, when the statement ended */
 	COL_WM_KEYED,   /* a keyed row above the settled watermark waits */
 	COL_KEY_CURSOR, /* the last ordering key looked at, NULL when the keys ran out */
+	COL_MARKED,     /* rows the mark it carried hit (store_claim_mark_send), else NULL */
 	COL_COUNT
 };
 
@@ -127,6 +130,7 @@ struct store {
 	bool armed;          /* this session holds the wake-up lock (store_arm) */
 	bool claim_disarm;   /* the claim in flight lets the wake-up lock go */
 	size_t claim_last_n; /* rows the last claim leased (store_claim_send) */
+	size_t claim_marked; /* rows the mark carried by the last claim hit */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
 	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
 	uint32_t token_nonce;
@@ -241,6 +245,12 @@ int store_bool_array(struct store *s, enum store_slot slot, const void *items, s
         __attribute__((warn_unused_result));
 /* The getter for a plain array of strings (const char *const *). */
 const char *store_string_at(const void *items, size_t i);
+
+/* ---- marks.c ---- */
+/* What a mark of seqs under token sends, prepared and checked: the seqs' array literal in
+ * *ids (in STORE_SLOT_IDS). For the mark, and for the claim that carries one (claim.c). */
+int store_mark_params(struct store *s, const char *token, const int64_t *seqs, size_t n,
+                      const char **ids) __attribute__((warn_unused_result));
 
 /* ---- statements.c ---- */
 /* Prepares the relay's statements on this connection unless done (admin handles prepare on

@@ -462,6 +462,92 @@ Test(relay_e2e, retention_zero_empties_the_table, .timeout = 120)
 	fixture_teardown(&t);
 }
 
+/* ---- marks that go with the next claim ---- */
+
+static void big_row(size_t i, struct harness_row *row, void *arg)
+{
+	static char body[10002];
+
+	(void)i;
+	(void)arg;
+	if (!body[0]) {
+		memset(body, 'x', sizeof(body) - 1);
+		body[0] = '"';
+		body[sizeof(body) - 2] = '"';
+	}
+	row->body = body;
+}
+
+/* Claims of a few rows (here 7 of a batch of 100: the byte budget's 64 KiB over 10 KB bodies)
+ * carry the previous batch's mark in the same statement. Every row is marked (or deleted, with
+ * retention 0) all the same, delivered once, and nothing stays leased. The carrying claim is
+ * seen in pg_stat_activity, whose query is the last statement of the relay's session: with a
+ * backlog, all of its claims but the first carry a mark, and it sends nothing else. */
+/* Rows not done with: unpublished or leased; with retention 0, any row at all. */
+static int64_t left_over(PGconn *c, const char *table, bool delete_rows)
+{
+	if (delete_rows)
+		return harness_pg_int(c, "SELECT count(*) FROM %s", table);
+	return harness_pg_int(c,
+	                      "SELECT count(*) FROM %s WHERE published_at IS NULL"
+	                      " OR locked_by IS NOT NULL",
+	                      table);
+}
+
+static void marks_ride_with_claims(const char *prefix, bool delete_rows)
+{
+	const size_t n = 1200;
+	int64_t deadline = harness_now_ms() + DELIVERY_TIMEOUT_MS;
+	struct fixture t;
+	bool carried = false;
+	char first[64] = "";
+
+	fixture_setup(&t, prefix, NULL);
+	harness_insert_rows(t.pg, t.table, n, t.exchange, "carry", "carry", big_row, NULL);
+	fixture_relay_start(&t, (const char *const[]){ "OUTBOX_RELAY_BATCH_SIZE=100",
+	                                               "OUTBOX_RELAY_BATCH_MAX_BYTES=64KiB",
+	                                               delete_rows ? "OUTBOX_RELAY_RETENTION=0"
+	                                                           : "OUTBOX_RELAY_RETENTION=30d",
+	                                               NULL });
+	/* Two runs of it by one session, not one: preparing it at connect shows its text too. */
+	while (!carried && consumer_unique(t.cons) < n && harness_now_ms() < deadline) {
+		char *at =
+		        harness_pg_string(t.pg,
+		                          "SELECT pid || ' ' || query_start FROM pg_stat_activity"
+		                          " WHERE application_name LIKE 'outbox-relay worker%%'"
+		                          " AND query LIKE 'WITH RECURSIVE durable AS (%%'"
+		                          " AND query LIKE '%%, m AS (%s %s %%'"
+		                          " ORDER BY pid LIMIT 1",
+		                          delete_rows ? "DELETE FROM" : "UPDATE", t.table);
+
+		if (at && first[0] && strcmp(at, first) != 0)
+			carried = true;
+		else if (at)
+			snprintf(first, sizeof(first), "%s", at);
+		free(at);
+	}
+	fixture_expect_unique(&t, t.cons, n, DELIVERY_TIMEOUT_MS);
+	cr_assert(carried, "no claim carried a mark");
+	/* The last mark follows the last confirms. */
+	HARNESS_WAIT(left_over(t.pg, t.table, delete_rows) == 0, 30000);
+	cr_assert_eq(left_over(t.pg, t.table, delete_rows), 0, "%s",
+	             delete_rows ? "published rows kept despite retention 0"
+	                         : "rows left unpublished or leased after delivery");
+	harness_sleep_ms(1000);
+	cr_assert_eq(consumer_duplicates(t.cons), 0, "%zu duplicates", consumer_duplicates(t.cons));
+	fixture_teardown(&t);
+}
+
+Test(relay_e2e, claims_of_a_few_rows_carry_the_mark, .timeout = 300)
+{
+	marks_ride_with_claims("e2e_carry", false);
+}
+
+Test(relay_e2e, claims_of_a_few_rows_carry_the_delete, .timeout = 300)
+{
+	marks_ride_with_claims("e2e_carry0", true);
+}
+
 /* ---- g) schema twice; migrate upgrades an AceMQ table ---- */
 
 static const char *const design_columns[] = {

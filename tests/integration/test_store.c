@@ -762,6 +762,63 @@ Test(store, mark_published_and_delete)
 	store_free(a);
 }
 
+/* A claim that carries the previous batch's mark: one statement leases the new rows and marks
+ * (or deletes) the old, fenced by the old claim's token, and says how many it hit. */
+Test(store, claim_carries_the_mark_of_the_previous_batch)
+{
+	struct store *a = migrated("carry");
+	add("c1", NULL, 0);
+	add("c2", NULL, 0);
+	struct store_options o = opts_for("relay-1", false);
+	o.batch_size = 16; /* a claim of 2 rows or more is a big one: it carries nothing */
+	struct store *r = open_store(o);
+	cr_assert_str_eq(claim_str(r, false), "c1,c2");
+	cr_assert_not(store_claim_carries_mark(r), "after a claim of an eighth of a batch");
+	char t1[STORE_TOKEN_MAX];
+	snprintf(t1, sizeof(t1), "%s", g_token);
+	add("c3", NULL, 0);
+	cr_assert_str_eq(claim_str(r, false), "c3");
+	cr_assert(store_claim_carries_mark(r), "after a claim of fewer rows");
+	char t3[STORE_TOKEN_MAX];
+	snprintf(t3, sizeof(t3), "%s", g_token);
+	add("c4", NULL, 0);
+
+	struct store_batch b;
+	store_batch_init(&b);
+	int64_t seqs[] = { seq_of("c1"), seq_of("c3") };
+	/* c1 under t1, c3 under t3: a mark under t1 hits c1 alone. */
+	cr_assert_eq(store_claim_mark_send(r, false, t1, seqs, 2, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_claim_recv(r, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1);
+	cr_assert_str_eq(b.rows[0].id, "c4", "the claim leased the new row");
+	cr_assert_eq(store_claim_marked(r), 1, "the mark is fenced by its token");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'c1' AND published_at IS NOT NULL"
+	                     " AND locked_by IS NULL AND locked_until IS NULL",
+	                     g_table),
+	             1, "c1 is published, its lease cleared");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE published_at IS NULL"
+	                     " AND locked_by IS NOT NULL",
+	                     g_table),
+	             3, "c2 and c3 keep their leases, c4 has its own");
+
+	/* The delete, with nothing left to claim: the full claim still answers. */
+	int64_t del[] = { seq_of("c3") };
+	cr_assert_eq(store_claim_mark_send(r, false, t3, del, 1, true), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_claim_recv(r, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 0);
+	cr_assert_eq(store_claim_marked(r), 1);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE id = 'c3'", g_table), 0);
+
+	/* A plain claim afterwards says it marked nothing. */
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_claim_marked(r), 0);
+	store_batch_free(&b);
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, mark_failed_is_fenced_and_records_the_failure)
 {
 	struct store *a = migrated("fail");
