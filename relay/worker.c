@@ -67,10 +67,10 @@ struct worker {
 	 * confirms the current one. */
 	struct store_batch batches[2];
 	int cur;
-	/* A mark of the previous batch's confirmed rows is on the wire (store_mark_published_send)
-	 * while the current batch is being published; its rows are still in published[]. Or it
-	 * is held, to go with the next claim (held), or went with it (in_claim). */
-	bool marking, mark_held, mark_in_claim;
+	/* The mark of the previous batch's confirmed rows, whose seqs are still in published[]:
+	 * held to go with the next claim, on the wire on its own (store_mark_published_send)
+	 * while the current batch is being published, or carried by the claim on the wire. */
+	enum { MARK_NONE, MARK_HELD, MARK_SENT, MARK_IN_CLAIM } mark;
 	size_t n_marking;
 	int64_t marking_t0_us;
 	char marking_token[STORE_TOKEN_MAX];
@@ -222,9 +222,9 @@ static void owe_marks(struct worker *w, const char *token, const int64_t *seqs, 
  * come (which would fail the next connection too). */
 static void drop_db(struct worker *w)
 {
-	if (w->marking || w->mark_held) {
+	if (w->mark != MARK_NONE) {
 		owe_marks(w, w->marking_token, w->published, w->n_marking);
-		w->marking = w->mark_held = w->mark_in_claim = false;
+		w->mark = MARK_NONE;
 	}
 	store_disconnect(w->store);
 }
@@ -466,7 +466,7 @@ static void log_failure(struct worker *w, const struct store_row *row,
 /* Counts a mark's answer: hit of its rows were still ours. */
 static void marked(struct worker *w, size_t hit)
 {
-	w->marking = w->mark_in_claim = false;
+	w->mark = MARK_NONE;
 	/* A row not hit was taken over by another relay after its lease ran out (it will be
 	 * published and marked there): counted once, by whoever marked it. */
 	atomic_fetch_add_explicit(&g_metrics.published, hit, memory_order_relaxed);
@@ -481,17 +481,16 @@ static int finish_mark(struct worker *w)
 	size_t hit = 0;
 	int rc;
 
-	if (w->mark_held) {
+	if (w->mark == MARK_HELD) {
 		rc = store_mark_published_send(w->store, w->marking_token, w->published,
 		                               w->n_marking, w->cfg->relay_retention_ms == 0);
 		if (rc < 0) {
 			db_failed(w, rc, "marking rows published"); /* owes the mark (drop_db) */
 			return rc;
 		}
-		w->mark_held = false;
-		w->marking = true;
+		w->mark = MARK_SENT;
 	}
-	if (!w->marking || w->mark_in_claim) /* the claim's answer brings it (cycle()) */
+	if (w->mark != MARK_SENT) /* none, or the claim's answer brings it (cycle()) */
 		return 0;
 	rc = store_mark_published_recv(w->store, &hit);
 	if (rc < 0) {
@@ -720,7 +719,7 @@ static void settle(struct worker *w, struct store_batch *x, const struct settled
 		return;
 	}
 	if (next->n > 0 && store_claim_carries_mark(w->store) && !batch_keyed(x)) {
-		w->mark_held = true;
+		w->mark = MARK_HELD;
 	} else {
 		rc = store_mark_published_send(w->store, x->token, w->published, st->n_pub,
 		                               w->cfg->relay_retention_ms == 0);
@@ -728,7 +727,7 @@ static void settle(struct worker *w, struct store_batch *x, const struct settled
 			cycle_db_lost(w, x, st->n_pub, next, rc, "marking rows published");
 			return;
 		}
-		w->marking = true;
+		w->mark = MARK_SENT;
 	}
 	w->n_marking = st->n_pub;
 	w->marking_t0_us = t0;
@@ -777,14 +776,14 @@ static void cycle(struct worker *w)
 	brc = broker_publish(w->broker, w->msgs, x->n, w->res);
 	claim_now = brc == BROKER_OK && !atomic_load(&w->relay->stopping);
 	/* A held mark goes with the claim, or on its own (finish_mark) when none follows. */
-	if (!(claim_now && w->mark_held) && finish_mark(w) < 0)
+	if (!(claim_now && w->mark == MARK_HELD) && finish_mark(w) < 0)
 		db_ok = false;
 	if (db_ok && claim_now) {
 		gather(w, x);
 		set_claim_floor(w, x);
 		/* Still armed when the claim after arming found rows: producers would notify on
 		 * every commit while this loop is busy. This claim lets the lock go. */
-		if (w->mark_held)
+		if (w->mark == MARK_HELD)
 			rc = store_claim_mark_send(w->store, disarm, w->marking_token, w->published,
 			                           w->n_marking, w->cfg->relay_retention_ms == 0);
 		else
@@ -795,10 +794,8 @@ static void cycle(struct worker *w)
 			db_ok = false;
 		} else {
 			claiming = true;
-			if (w->mark_held) {
-				w->mark_held = false;
-				w->marking = w->mark_in_claim = true;
-			}
+			if (w->mark == MARK_HELD)
+				w->mark = MARK_IN_CLAIM;
 		}
 	}
 	if (brc == BROKER_OK)
@@ -813,7 +810,7 @@ static void cycle(struct worker *w)
 			w->db.streak = 0;
 			if (disarm)
 				w->armed = false;
-			if (w->mark_in_claim)
+			if (w->mark == MARK_IN_CLAIM)
 				marked(w, store_claim_marked(w->store));
 		}
 	}

@@ -39,14 +39,12 @@ int store_mark_published_send(struct store *s, const char *token, const int64_t 
 	const char *params[2];
 	int rc;
 
+	if ((rc = store_mark_params(s, token, seqs, n, &params[0])) != 0)
+		return rc;
 	if (n == 0) {
-		if ((rc = store_ensure_prepared(s)) != 0 || (rc = need_token(s, token)) != 0)
-			return rc;
 		s->inflight = STORE_INFLIGHT_MARK_NOOP;
 		return 0;
 	}
-	if ((rc = store_mark_params(s, token, seqs, n, &params[0])) != 0)
-		return rc;
 	params[1] = token;
 	return store_send_prepared(s, delete_rows ? ST_DELETE : ST_MARK, 2, params,
 	                           STORE_INFLIGHT_MARK, "could not mark rows published");

@@ -119,7 +119,7 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	" WHERE seq = ANY($12::bigint[]) AND locked_by = $13::text AND published_at IS NULL" \
 	" RETURNING 1), "
 
-/* The full claim, carrying a mark (verb "UPDATE" or "DELETE FROM" the table, then rest) or not
+/* The full claim, carrying a mark (verb "UPDATE " or "DELETE FROM " the table, then rest) or not
  * (verb NULL): CTE m, counted by the sample's row. */
 static int prepare_full_claim(struct store *s, const char *name, const char *t, const char *alive,
                               const char *verb, const char *rest)
@@ -128,7 +128,7 @@ static int prepare_full_claim(struct store *s, const char *name, const char *t, 
 
 	return prepare_one(
 	        s, name, m ? 13 : 11,
-	        "WITH RECURSIVE %s%s %s%s%s" CLAIM_CTES
+	        "WITH RECURSIVE %s%s%s%s%s" CLAIM_CTES
 	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
 	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
 	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
@@ -190,9 +190,9 @@ static int prepare_claim(struct store *s, const char *t)
 	if (rc == 0)
 		rc = prepare_full_claim(s, ST_CLAIM_FULL, t, alive, NULL, NULL);
 	if (rc == 0)
-		rc = prepare_full_claim(s, ST_CLAIM_MARK, t, alive, "UPDATE", CARRIED_MARK);
+		rc = prepare_full_claim(s, ST_CLAIM_MARK, t, alive, "UPDATE ", CARRIED_MARK);
 	if (rc == 0)
-		rc = prepare_full_claim(s, ST_CLAIM_DROP, t, alive, "DELETE FROM",
+		rc = prepare_full_claim(s, ST_CLAIM_DROP, t, alive, "DELETE FROM ",
 		                        " USING durable");
 	return rc;
 }
