@@ -87,6 +87,7 @@ struct store *store_new(const struct store_options *opts)
 	snprintf(s->token_prefix, sizeof(s->token_prefix), "%.*s#", (int)cut, id);
 	s->token_nonce = token_nonce(s) % 2176782336u; /* 36^6: six base-36 digits */
 	watermark_reset(&s->wm);
+	s->keys_pending = true; /* not known yet: the first claim looks */
 	return s;
 }
 

@@ -66,11 +66,11 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	return rc;
 }
 
-/* The claim's common part: every CTE up to b, the rows to lease, after "WITH RECURSIVE" and
- * any CTE of the caller's. Six %s: the table three times, the alive condition, the table twice
- * more. */
-#define CLAIM_CTES                                                                         \
-	"disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"                   \
+/* The claim's CTEs up to b, the rows to lease, after "WITH [RECURSIVE]" and any CTE of the
+ * caller's. CLAIM_KEYED has four %s (the table three times, then the alive condition) and one
+ * more for the table, CLAIM_UNKEYED one. */
+#define CLAIM_DISARM "disarm AS (SELECT pg_advisory_unlock_all() WHERE $1::boolean),"
+#define CLAIM_KEYED                                                                        \
 	" keys(k) AS ((SELECT o.ordering_key::text FROM %s o WHERE o.published_at IS NULL" \
 	" AND o.ordering_key IS NOT NULL AND o.ordering_key >= COALESCE($9::text, '')"     \
 	" ORDER BY o.ordering_key LIMIT 1)"                                                \
@@ -87,16 +87,33 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	" WHERE o.seq = ANY (ARRAY(SELECT seq FROM heads)) AND o.seq <= $7::bigint"        \
 	" AND o.published_at IS NULL AND o.attempts < $2::int AND o.available_at <= now()" \
 	" AND (o.locked_until IS NULL OR o.locked_until < now())"                          \
-	" FOR UPDATE OF o SKIP LOCKED),"                                                   \
+	" FOR UPDATE OF o SKIP LOCKED),"
+/* The lean claim's keyed part: none. kk and heads stay, empty, for the sample's columns. */
+#define CLAIM_NO_KEYS                                                                   \
+	" kk(k) AS (SELECT NULL::text WHERE false), heads(seq) AS (SELECT NULL::bigint" \
+	" WHERE false),"
+#define CLAIM_UNKEYED                                                                      \
 	" uc AS (SELECT o.seq, octet_length(o.body) AS len FROM %s o"                      \
 	" WHERE o.published_at IS NULL AND o.ordering_key IS NULL AND o.seq >= $6::bigint" \
 	" AND o.attempts < $2::int AND o.available_at <= now()"                            \
 	" AND (o.locked_until IS NULL OR o.locked_until < now())"                          \
-	" ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"                           \
-	" c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a"      \
-	" ORDER BY seq LIMIT $3::int),"                                                    \
+	" ORDER BY o.seq LIMIT $3::int FOR UPDATE SKIP LOCKED),"
+#define CLAIM_MERGED                                                                  \
+	" c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a" \
+	" ORDER BY seq LIMIT $3::int),"
+#define CLAIM_BUDGET                                                                       \
 	" b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) - len AS before" \
 	" FROM c) x WHERE before < $8::bigint)"
+#define CLAIM_CTES CLAIM_DISARM CLAIM_KEYED CLAIM_UNKEYED CLAIM_MERGED CLAIM_BUDGET
+#define CLAIM_CTES_LEAN \
+	CLAIM_DISARM CLAIM_NO_KEYS CLAIM_UNKEYED " c AS (SELECT seq, len FROM uc)," CLAIM_BUDGET
+/* The last column: whether an unpublished keyed row exists. The full claim knows from the
+ * keys it walked (from the cursor $9 on: with one, the keys before it are not looked at); the
+ * lean one looks for one in the key index (%s: the table). */
+#define CLAIM_KEYS_PENDING "($9::text IS NOT NULL OR EXISTS (SELECT 1 FROM kk))"
+#define CLAIM_KEYS_PENDING_LEAN                                                            \
+	"($9::text IS NOT NULL OR EXISTS (SELECT 1 FROM %s o WHERE o.published_at IS NULL" \
+	" AND o.ordering_key IS NOT NULL))"
 /* The lease, and what is left of it by the database clock when evaluated. */
 #define CLAIM_LEASE      "now() + $5::bigint * interval '1 millisecond'"
 #define CLAIM_LEASE_LEFT "(extract(epoch FROM " CLAIM_LEASE " - clock_timestamp()) * 1000)::bigint"
@@ -120,26 +137,40 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 	" RETURNING 1), "
 
 /* The full claim, carrying a mark (verb "UPDATE " or "DELETE FROM " the table, then rest) or not
- * (verb NULL): CTE m, counted by the sample's row. */
-static int prepare_full_claim(struct store *s, const char *name, const char *t, const char *alive,
-                              const char *verb, const char *rest)
+ * (verb NULL): CTE m, counted by the sample's row. Lean, without the keyed part. */
+static int prepare_full_claim(struct store *s, const char *name, bool lean, const char *t,
+                              const char *alive, const char *verb, const char *rest)
 {
+	char ctes[SQL_MAX], pending[512];
 	bool m = verb != NULL;
+	int w;
 
+	if (lean) {
+		w = snprintf(ctes, sizeof(ctes), CLAIM_CTES_LEAN, t);
+		snprintf(pending, sizeof(pending), CLAIM_KEYS_PENDING_LEAN, t);
+	} else {
+		w = snprintf(ctes, sizeof(ctes), CLAIM_CTES, t, t, t, alive, t, t);
+		snprintf(pending, sizeof(pending), "%s", CLAIM_KEYS_PENDING);
+	}
+	if (w < 0 || (size_t)w >= sizeof(ctes)) {
+		store_set_error(s, "statement %s too long", name);
+		return STORE_ERR_FATAL;
+	}
 	return prepare_one(
 	        s, name, m ? 13 : 11,
-	        "WITH RECURSIVE %s%s%s%s%s" CLAIM_CTES
+	        "WITH %s%s%s%s%s%s%s"
 	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
 	        " FROM b WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS ")"
 	        " SELECT u.*, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,"
-	        " NULL::boolean, NULL::text, NULL::bigint FROM u"
+	        " NULL::boolean, NULL::text, NULL::bigint, NULL::boolean FROM u"
 	        " UNION ALL"
 	        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
 	        " NULL, NULL, s.w, h.holders, h.n, " CLAIM_LEASE_LEFT "," CLAIM_KEYS_SEEN
-	        ", %s" CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
-	        m ? CARRIED_HEAD : "", m ? verb : "", m ? t : "", m ? rest : "",
-	        m ? CARRIED_WHERE : "", t, t, t, alive, t, t, t,
-	        m ? "(SELECT count(*) FROM m)" : "NULL::bigint", s->seq_oid, s->db_oid, s->seq_oid);
+	        ", %s, %s" CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d",
+	        lean ? "" : "RECURSIVE ", m ? CARRIED_HEAD : "", m ? verb : "", m ? t : "",
+	        m ? rest : "", m ? CARRIED_WHERE : "", ctes, t,
+	        m ? "(SELECT count(*) FROM m)" : "NULL::bigint", pending, s->seq_oid, s->db_oid,
+	        s->seq_oid);
 }
 
 /* DESIGN §3: only the oldest unpublished row of a key is claimable (under skip-dead, the
@@ -172,7 +203,10 @@ static int prepare_full_claim(struct store *s, const char *name, const char *t, 
  * portal's), a copy of every body. An UPDATE cannot answer without a row, so a claim that
  * leases none is followed by the full claim (ST_CLAIM_FULL: the same rows, then a last row, seq
  * NULL, for the sample alone), which either leases rows that came meanwhile or says why there
- * are none. */
+ * are none. The lean claims (ST_CLAIM_LEAN and its carrying variants) are the full claim
+ * without the keyed part, kk and heads left empty: the small claims while no keyed row waits
+ * (store/claim.c). Every claim says in its last column whether an unpublished keyed row
+ * exists. */
 static int prepare_claim(struct store *s, const char *t)
 {
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
@@ -181,19 +215,23 @@ static int prepare_claim(struct store *s, const char *t)
 	rc = prepare_one(s, ST_CLAIM, 11,
 	                 "WITH RECURSIVE " CLAIM_CTES
 	                 ", smp AS MATERIALIZED (SELECT s.w, h.holders, h.n," CLAIM_KEYS_SEEN
-	                         CLAIM_SAMPLE_FROM ", (SELECT count(*) FROM disarm) d)"
+	                 ", " CLAIM_KEYS_PENDING " AS keys_pending" CLAIM_SAMPLE_FROM
+	                 ", (SELECT count(*) FROM disarm) d)"
 	                 " UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
 	                 " FROM b, smp WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS
 	                 ", smp.w, smp.holders, smp.n, " CLAIM_LEASE_LEFT ", smp.above,"
-	                 " smp.key_cursor, NULL::bigint",
+	                 " smp.key_cursor, NULL::bigint, smp.keys_pending",
 	                 t, t, t, alive, t, t, s->seq_oid, s->db_oid, s->seq_oid, t);
-	if (rc == 0)
-		rc = prepare_full_claim(s, ST_CLAIM_FULL, t, alive, NULL, NULL);
-	if (rc == 0)
-		rc = prepare_full_claim(s, ST_CLAIM_MARK, t, alive, "UPDATE ", CARRIED_MARK);
-	if (rc == 0)
-		rc = prepare_full_claim(s, ST_CLAIM_DROP, t, alive, "DELETE FROM ",
-		                        " USING durable");
+	for (int lean = 0; lean < 2 && rc == 0; lean++) {
+		rc = prepare_full_claim(s, lean ? ST_CLAIM_LEAN : ST_CLAIM_FULL, lean, t, alive,
+		                        NULL, NULL);
+		if (rc == 0)
+			rc = prepare_full_claim(s, lean ? ST_CLAIM_LEAN_MARK : ST_CLAIM_MARK, lean,
+			                        t, alive, "UPDATE ", CARRIED_MARK);
+		if (rc == 0)
+			rc = prepare_full_claim(s, lean ? ST_CLAIM_LEAN_DROP : ST_CLAIM_DROP, lean,
+			                        t, alive, "DELETE FROM ", " USING durable");
+	}
 	return rc;
 }
 

@@ -40,6 +40,11 @@ enum store_inflight {
 #define ST_RELEASE_ALL "outbox_release_all"
 #define ST_RENEW       "outbox_renew"
 #define ST_ARM         "outbox_arm"
+/* The full claim and its carrying variants without the keyed part (while no keyed row waits):
+ * one prefix, by which claim_send() tells them. */
+#define ST_CLAIM_LEAN      "outbox_claim_lean"
+#define ST_CLAIM_LEAN_MARK "outbox_claim_lean_mark"
+#define ST_CLAIM_LEAN_DROP "outbox_claim_lean_delete"
 
 /* Every unpublished row, in words that match the table's two partial indexes (schema.c: the
  * unkeyed index and the key index), so that the planner reads both: "published_at IS NULL"
@@ -77,10 +82,11 @@ enum store_claim_col {
 	COL_WM_SEQ,
 	COL_WM_HOLDERS, /* "3/1234,5/99" or NULL */
 	COL_WM_NHOLDERS,
-	COL_LEASE_LEFT, /* ms, by the database clock, when the statement ended */
-	COL_WM_KEYED,   /* a keyed row above the settled watermark waits */
-	COL_KEY_CURSOR, /* the last ordering key looked at, NULL when the keys ran out */
-	COL_MARKED,     /* rows the mark it carried hit (store_claim_mark_send), else NULL */
+	COL_LEASE_LEFT,   /* ms, by the database clock, when the statement ended */
+	COL_WM_KEYED,     /* a keyed row above the settled watermark waits */
+	COL_KEY_CURSOR,   /* the last ordering key looked at, NULL when the keys ran out */
+	COL_MARKED,       /* rows the mark it carried hit (store_claim_mark_send), else NULL */
+	COL_KEYS_PENDING, /* an unpublished keyed row exists (looked at from the cursor on) */
 	COL_COUNT
 };
 
@@ -131,6 +137,10 @@ struct store {
 	bool claim_disarm;   /* the claim in flight lets the wake-up lock go */
 	size_t claim_last_n; /* rows the last claim leased (store_claim_send) */
 	size_t claim_marked; /* rows the mark carried by the last claim hit */
+	/* The last claim saw an unpublished keyed row, or had a cursor, or there was none yet:
+	 * the next small claim looks at keys (store/claim.c). */
+	bool keys_pending;
+	bool claim_lean; /* the claim in flight is a lean one (ST_CLAIM_LEAN...) */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */
 	char token_prefix[52]; /* "<relay id, cut to 50 bytes>#" */
 	uint32_t token_nonce;

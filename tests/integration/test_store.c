@@ -819,6 +819,81 @@ Test(store, claim_carries_the_mark_of_the_previous_batch)
 	store_free(a);
 }
 
+/* Which claim the session named app ran last, by the statement text pg_stat_activity keeps
+ * for an idle session: 1 the lean claim (no keyed part: no recursive CTE), 0 the full one, -1
+ * anything else. */
+static int last_claim_lean(const char *app)
+{
+	return (int)sql_int(
+	        g_admin,
+	        "SELECT CASE WHEN query LIKE 'WITH RECURSIVE %%' THEN 0"
+	        " WHEN query LIKE 'WITH disarm AS %%' OR query LIKE 'WITH durable AS %%'"
+	        " THEN 1 ELSE -1 END FROM pg_stat_activity WHERE application_name = '%s'"
+	        " AND state = 'idle'",
+	        app);
+}
+
+Test(store, a_small_claim_leaves_the_keys_out_while_no_keyed_row_waits)
+{
+	struct store *a = migrated("lean");
+	char app[64]; /* at most 63 bytes reach pg_stat_activity */
+	snprintf(app, sizeof(app), "lean %.50s", g_table);
+	struct store_options o = opts_for("relay-1", false);
+	o.application_name = app;
+	o.batch_size = 16;
+	struct store *r = open_store(o);
+
+	add("u1", NULL, 0);
+	cr_assert_str_eq(claim_str(r, false), "u1");
+	cr_assert_eq(last_claim_lean(app), 0, "the first claim looks at the keys: none known yet");
+	add("u2", NULL, 0);
+	cr_assert_str_eq(claim_str(r, false), "u2");
+	cr_assert_eq(last_claim_lean(app), 1, "no keyed row waited: the keys are left out");
+
+	/* A keyed row alone: the lean claim sees it in the key index, leases nothing, and the
+	 * full claim takes it in the same call. */
+	add("k1", "key-a", 0);
+	cr_assert_str_eq(claim_str(r, false), "k1", "the keyed row waited for another claim");
+	cr_assert_eq(last_claim_lean(app), 0);
+	char tk1[STORE_TOKEN_MAX];
+	snprintf(tk1, sizeof(tk1), "%s", g_token);
+
+	/* k1 is leased, not published: its key still counts. */
+	add("u3", NULL, 0);
+	cr_assert_str_eq(claim_str(r, false), "u3");
+	cr_assert_eq(last_claim_lean(app), 0, "k1 is not published yet");
+	char tu3[STORE_TOKEN_MAX];
+	snprintf(tu3, sizeof(tu3), "%s", g_token);
+	int64_t k1 = seq_of("k1");
+	cr_assert_eq(store_mark_published(r, tk1, &k1, 1, false), 0, "%s", store_errmsg(r));
+	cr_assert_str_eq(claim_str(r, false), "");
+	cr_assert_eq(last_claim_lean(app), 0, "the claim after k1's mark looks once more");
+
+	/* The lean claim carries a mark, and a keyed row that comes with unkeyed ones is taken by
+	 * the claim after it. */
+	add("u4", NULL, 0);
+	add("k2", "key-b", 0);
+	settle(r);
+	struct store_batch b;
+	store_batch_init(&b);
+	int64_t u3 = seq_of("u3");
+	cr_assert_eq(store_claim_mark_send(r, false, tu3, &u3, 1, false), 0, "%s", store_errmsg(r));
+	cr_assert_eq(store_claim_recv(r, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(last_claim_lean(app), 1, "the carrying claim is lean too");
+	cr_assert_eq(store_claim_marked(r), 1);
+	cr_assert_eq(b.n, 1);
+	cr_assert_str_eq(b.rows[0].id, "u4");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s WHERE id = 'u3' AND published_at IS NOT NULL",
+	                     g_table),
+	             1);
+	store_batch_free(&b);
+	cr_assert_str_eq(claim_str(r, false), "k2", "the keyed row waited for more than one claim");
+	cr_assert_eq(last_claim_lean(app), 0);
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, mark_failed_is_fenced_and_records_the_failure)
 {
 	struct store *a = migrated("fail");
