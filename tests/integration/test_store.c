@@ -894,6 +894,58 @@ Test(store, a_small_claim_leaves_the_keys_out_while_no_keyed_row_waits)
 	store_free(a);
 }
 
+/* The relay's session takes each statement's generic plan from its first run: left to
+ * itself, PostgreSQL plans a prepared statement's first five runs anew, and went on planning
+ * the claim of a full batch and the mark of a few rows for every run. */
+Test(store, the_relay_session_plans_each_statement_once)
+{
+	struct store *a = migrated("generic");
+	char id[16];
+	for (int i = 0; i < 24; i++) {
+		snprintf(id, sizeof(id), "g%d", i);
+		add(id, NULL, 0);
+	}
+	struct store_options o = opts_for("relay-1", false);
+	o.batch_size = 4; /* a claim of 4 is a big one: the full claim, then ST_CLAIM */
+	struct store *r = open_store(o);
+	struct store_batch b;
+	store_batch_init(&b);
+	size_t total = 0;
+	for (int i = 0; i < 12; i++) {
+		cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+		int64_t seqs[4];
+		for (size_t k = 0; k < b.n; k++)
+			seqs[k] = b.rows[k].seq;
+		if (b.n > 0)
+			cr_assert_eq(store_mark_published(r, b.token, seqs, b.n, false), 0, "%s",
+			             store_errmsg(r));
+		total += b.n;
+	}
+	store_batch_free(&b);
+	cr_assert_eq(total, 24);
+
+	PGresult *res = NULL;
+	cr_assert_eq(
+	        store_exec(r,
+	                   "SELECT name || ' ' || generic_plans || '/' || custom_plans"
+	                   " FROM pg_prepared_statements WHERE generic_plans + custom_plans > 0"
+	                   " ORDER BY name",
+	                   0, NULL, PGRES_TUPLES_OK, &res, "reading the plans"),
+	        0, "%s", store_errmsg(r));
+	int big = 0, mark = 0;
+	for (int i = 0; i < PQntuples(res); i++) {
+		const char *row = PQgetvalue(res, i, 0);
+		cr_assert(strstr(row, "/0") && strstr(row, "/0")[2] == '\0',
+		          "planned anew for a run: %s", row);
+		big += strncmp(row, "outbox_claim ", 13) == 0;
+		mark += strncmp(row, "outbox_mark ", 12) == 0;
+	}
+	PQclear(res);
+	cr_assert(big && mark, "the big claim and the mark ran");
+	store_free(r);
+	store_free(a);
+}
+
 Test(store, mark_failed_is_fenced_and_records_the_failure)
 {
 	struct store *a = migrated("fail");
