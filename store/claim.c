@@ -69,11 +69,23 @@ static void feed_sample(struct store *s, const char *w_text, const char *holders
 	watermark_sample(&s->wm, w, v, k, complete);
 }
 
+/* Rows the mark carried by the claim hit, by row i of its answer (0 when none was carried). */
+static size_t answer_marked(const PGresult *res, int i)
+{
+	int64_t v;
+
+	if (PQgetisnull(res, i, COL_MARKED) ||
+	    store_parse_int64(PQgetvalue(res, i, COL_MARKED), &v) != 0 || v <= 0)
+		return 0;
+	return (size_t)v;
+}
+
 /* Takes the sample from row i of the claim's answer, with left ms of the lease. */
 static void use_sample(struct store *s, const PGresult *res, int i, int64_t left,
                        struct store_batch *out, int64_t sent_ms)
 {
-	int64_t n = -1, marked = 0;
+	int64_t n = -1;
+	size_t marked = answer_marked(res, i);
 
 	/* Over the round: a key looked at by an earlier claim of it may still wait. */
 	s->round_waiting =
@@ -88,9 +100,8 @@ static void use_sample(struct store *s, const PGresult *res, int i, int64_t left
 		n = -1;
 	s->keys_pending = PQgetisnull(res, i, COL_KEYS_PENDING) ||
 	                  PQgetvalue(res, i, COL_KEYS_PENDING)[0] != 'f';
-	if (!PQgetisnull(res, i, COL_MARKED) &&
-	    store_parse_int64(PQgetvalue(res, i, COL_MARKED), &marked) == 0 && marked > 0)
-		s->claim_marked = (size_t)marked;
+	if (marked > 0)
+		s->claim_marked = marked;
 	/* No sample when the claim found no keyed row and none was asked for (statements.c). */
 	if (!PQgetisnull(res, i, COL_WM_SEQ)) {
 		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
@@ -424,16 +435,14 @@ int store_claim_recv(struct store *s, struct store_batch *out)
 	 * keyed row: the full claim looks at the keys (the mark it carried is done). */
 	if (PQresultStatus(res) == PGRES_TUPLES_OK &&
 	    (PQntuples(res) == 0 || (s->claim_lean && lean_saw_keys(res)))) {
-		size_t marked = 0;
-		int64_t v;
+		size_t marked = PQntuples(res) == 1 ? answer_marked(res, 0) : 0;
 
-		if (PQntuples(res) == 1 && PQnfields(res) == COL_COUNT &&
-		    !PQgetisnull(res, 0, COL_MARKED) &&
-		    store_parse_int64(PQgetvalue(res, 0, COL_MARKED), &v) == 0 && v > 0)
-			marked = (size_t)v;
 		PQclear(res);
-		if ((rc = claim_send(s, ST_CLAIM_FULL, s->claim_disarm, NULL, NULL)) != 0)
+		if ((rc = claim_send(s, ST_CLAIM_FULL, s->claim_disarm, NULL, NULL)) != 0) {
+			s->claim_last_n = 0;
+			s->keys_pending = true;
 			return rc;
+		}
 		s->claim_marked = marked;
 		sent_ms = s->inflight_sent_ms;
 		res = store_collect(s);
