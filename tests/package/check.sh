@@ -9,6 +9,7 @@
 #      needs to run), and its exposure through `systemd-analyze security --offline`; the man
 #      page through man(1); liboutbox through pkg-config, a program linked against it and
 #      ldconfig;
+#      every package's /usr/share/doc/<package>/copyright (MIT);
 #   3. `dpkg --remove`: every file `dpkg -L` listed is gone but the conffiles; `dpkg --purge`:
 #      the conffiles and /etc/outbox-relay are gone too, the system user stays (Debian keeps
 #      system users).
@@ -158,6 +159,12 @@ done
 	fail "/etc/default/outbox-relay is $(stat -c '%a %U %G' /etc/default/outbox-relay)"
 [ "$(stat -c '%a' /etc/outbox-relay/relay.json)" = 644 ] ||
 	fail "/etc/outbox-relay/relay.json is mode $(stat -c '%a' /etc/outbox-relay/relay.json)"
+
+# The licence: every package carries its machine-readable copyright file, as Debian wants.
+for p in "${packages[@]}"; do
+	grep -q '^License: MIT$' "/usr/share/doc/$p/copyright" 2>/dev/null ||
+		fail "/usr/share/doc/$p/copyright is missing or does not name the MIT licence"
+done
 
 # The system user: no home, no login shell, a system uid, a group of its own.
 IFS=: read -r _ _ uid gid _ home shell < <(getent passwd outbox-relay) ||
