@@ -273,6 +273,13 @@ char *metrics_render(const char *version)
 		           age_ms / 1000, age_ms % 1000);
 		gauge(&o, "outbox_relay_blocked_keys", "Ordering keys held back by a dead row.",
 		      load_ll(&m->blocked_keys));
+		/* When the gauges above were read: they keep their last values while the
+		 * maintenance loop cannot refresh them, and an alert needs to tell. */
+		long long at_ms = load_ll(&m->table_stats_at_ms);
+		header(&o, "outbox_relay_table_stats_timestamp_seconds", "gauge",
+		       "Unix time of the last refresh of the table gauges.");
+		out_printf(&o, "outbox_relay_table_stats_timestamp_seconds %lld.%03lld\n",
+		           at_ms / 1000, at_ms % 1000);
 	}
 
 	workers = atomic_load_explicit(&m->workers, memory_order_relaxed);

@@ -8,11 +8,12 @@ caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
 	procps iproute2 util-linux clang-format pgbouncer clang cppcheck
-	dpkg-dev systemd adduser man-db groff-base mandoc)
+	dpkg-dev systemd adduser man-db groff-base mandoc prometheus)
 # The Debian packages and the man page: dpkg-dev has dpkg-shlibdeps (CPack's library
 # dependencies) and dpkg-buildflags; systemd has systemd-analyze (the unit is verified offline,
 # no systemd needs to run); adduser runs in the package's postinst; man-db, groff-base and
-# mandoc render and lint the man page (tests/unit/test_manpage, tests/package).
+# mandoc render and lint the man page (tests/unit/test_manpage, tests/package); prometheus has
+# promtool, which checks packaging/alerts.yml (its server is never started: see policy-rc.d).
 
 missing=()
 for p in "${packages[@]}"; do

@@ -125,6 +125,7 @@ Test(metrics, table_gauges_wait_for_the_first_refresh)
 	cr_assert_not_null(text);
 	cr_assert_null(strstr(text, "outbox_relay_pending_rows"), "gauge before any refresh");
 	cr_assert_null(strstr(text, "outbox_relay_oldest_pending_age_seconds"));
+	cr_assert_null(strstr(text, "outbox_relay_table_stats_timestamp_seconds"));
 	free(text);
 
 	atomic_store(&g_metrics.pending, 120);
@@ -143,6 +144,8 @@ Test(metrics, table_gauges_wait_for_the_first_refresh)
 	assert_sample(text, "outbox_relay_published_rows", "9000");
 	assert_sample(text, "outbox_relay_oldest_pending_age_seconds", "61.500");
 	assert_sample(text, "outbox_relay_blocked_keys", "1");
+	assert_described(text, "outbox_relay_table_stats_timestamp_seconds", "gauge");
+	assert_sample(text, "outbox_relay_table_stats_timestamp_seconds", "1700000000.000");
 	free(text);
 }
 
