@@ -1,6 +1,7 @@
-/* The man page (packaging/outbox-relay.1) against the key table, like the README's reference:
+/* The man page (packaging/outbox-relay.1) against the key table, like docs/configuration.md:
  * every key has an item with its environment variable and default, and no item names a key
- * that does not exist. And it renders clean: `mandoc -T lint -W warning`, `groff -mandoc -ww
+ * that does not exist. Each command's synopsis shows the options the command takes, none
+ * nested inside another's brackets. And it renders clean: `mandoc -T lint -W warning`, `groff -mandoc -ww
  * -z` and `man --warnings -l` say nothing. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -169,4 +170,91 @@ Test(manpage, renders_without_warnings)
 	cr_expect(status == 0 && err[0] == '\0', "groff -ww: status %d: %s", status, err);
 	status = run_quiet((char *[]){ "man", "--warnings", "-l", path, NULL }, err, sizeof(err));
 	cr_expect(status == 0 && err[0] == '\0', "man -l: status %d: %s", status, err);
+}
+
+/* The page as `mandoc -T ascii` renders it, overstrike (bold, underline) removed: a new
+ * string. */
+static char *render(const char *path)
+{
+	char prog[4096], out_path[] = "/tmp/outbox-man-out.XXXXXX";
+	char *argv[] = { prog, "-T", "ascii", (char *)path, NULL };
+	char *env[] = { "LC_ALL=C.UTF-8", NULL };
+	char *text, *w;
+	int fd, err, status;
+	pid_t pid;
+
+	find_program("mandoc", prog, sizeof(prog));
+	fd = mkstemp(out_path);
+	err = open("/dev/null", O_WRONLY);
+	cr_assert(fd >= 0 && err >= 0);
+	pid = process_spawn(argv, env, fd, err);
+	cr_assert_gt(pid, 0);
+	status = process_wait(pid, 60000, NULL);
+	if (status == -1)
+		process_kill(pid);
+	close(fd);
+	close(err);
+	cr_assert_eq(status, 0, "mandoc -T ascii exited %d", status);
+	text = harness_read_file(out_path);
+	unlink(out_path);
+	/* "X\bX" (bold) and "_\bX" (underline) are X. */
+	w = text;
+	for (const char *r = text; *r; r++) {
+		if (r[1] == '\b' && r[2]) {
+			r++;
+			continue;
+		}
+		*w++ = *r;
+	}
+	*w = '\0';
+	return text;
+}
+
+Test(manpage, commands_show_their_options_unnested)
+{
+	static const char *const synopses[] = {
+		"     status [--json]\n",
+		"     dead [--json] [--limit n]\n",
+		"     keys --blocked [--json] [--limit n]\n",
+		"     requeue --id id ... | --all-dead\n",
+		"     discard --id id ...\n",
+		"     purge --older-than duration\n",
+		"     replay filter ... [--dry-run | --yes]\n",
+		NULL,
+	};
+	char path[4096];
+	char *text, *commands, *end;
+
+	manpage_path(path, sizeof(path));
+	text = render(path);
+	commands = strstr(text, "\nCOMMANDS\n");
+	cr_assert_not_null(commands, "no COMMANDS section in the rendered page");
+	end = strstr(commands + 1, "\n\n"
+	                           "CONFIGURATION");
+	if (!end)
+		end = strstr(commands + 1, "\nCONFIGURATION");
+	cr_assert_not_null(end);
+	*end = '\0';
+	for (const char *const *s = synopses; *s; s++)
+		cr_expect_not_null(strstr(commands, *s), "the man page's COMMANDS do not show%s",
+		                   *s + 4);
+	/* An optional part never opens inside another: "[--json [--limit n]]" would say that
+	 * --limit needs --json. */
+	for (const char *line = commands; line && *line;) {
+		const char *nl = strchr(line, '\n');
+		size_t len = nl ? (size_t)(nl - line) : strlen(line);
+		int depth = 0;
+
+		for (size_t i = 0; i < len; i++) {
+			if (line[i] == '[') {
+				cr_expect_eq(depth, 0, "nested optional part in the man page: %.*s",
+				             (int)len, line);
+				depth++;
+			} else if (line[i] == ']' && depth > 0) {
+				depth--;
+			}
+		}
+		line = nl ? nl + 1 : NULL;
+	}
+	free(text);
 }
