@@ -1,69 +1,100 @@
-/* The README's configuration reference is checked against the key table: every key has a row
- * with its environment variable, and no row names a key that does not exist. */
+/* The README is the front door, not the whole book: at most 500 lines, and it links every page
+ * of docs/, so that none is left where nobody finds it. The log lines it picks out are ones
+ * the code prints (docs/logs.md lists them all; tests/unit/test_docs.c checks that). */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "config/config.h"
+#include "tests/support/harness.h"
 
-static char *read_readme(void)
+#define README_MAX_LINES 500
+
+static void source_path(char *buf, size_t n, const char *rel)
 {
 	const char *data = getenv("RELAY_TEST_DATA");
-	char path[1024];
-	FILE *f;
-	char *buf;
-	long n;
 
 	cr_assert_not_null(data, "RELAY_TEST_DATA is not set (ctest sets it)");
-	snprintf(path, sizeof(path), "%s/../../README.md", data);
-	f = fopen(path, "rb");
-	cr_assert_not_null(f, "cannot open %s", path);
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = calloc(1, (size_t)n + 1);
-	cr_assert_not_null(buf);
-	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
-	return buf;
+	snprintf(buf, n, "%s/../../%s", data, rel);
 }
 
-Test(readme, every_key_has_a_row_with_its_variable)
+static char *read_source(const char *rel)
 {
-	char *readme = read_readme();
+	char path[4096];
 
-	for (size_t i = 0; i < config_key_count(); i++) {
-		char row[256];
+	source_path(path, sizeof(path), rel);
+	return harness_read_file(path);
+}
 
-		snprintf(row, sizeof(row), "| `%s` | `%s` |", config_key_name(i),
-		         config_key_env(i));
-		cr_expect_not_null(strstr(readme, row), "README has no row starting %s", row);
-	}
+Test(readme, at_most_500_lines)
+{
+	char *readme = read_source("README.md");
+	int lines = 0;
+
+	for (const char *p = readme; *p; p++)
+		lines += *p == '\n';
+	cr_expect_leq(lines, README_MAX_LINES,
+	              "README.md has %d lines, at most %d: new material goes into docs/", lines,
+	              README_MAX_LINES);
 	free(readme);
 }
 
-Test(readme, no_row_names_an_unknown_key)
+Test(readme, links_every_docs_page)
 {
-	char *readme = read_readme();
-	const char *p = readme;
+	char *readme = read_source("README.md");
+	char dir_path[4096];
+	DIR *d;
+	struct dirent *e;
+	int pages = 0;
+
+	source_path(dir_path, sizeof(dir_path), "docs");
+	d = opendir(dir_path);
+	cr_assert_not_null(d, "cannot open %s", dir_path);
+	while ((e = readdir(d)) != NULL) {
+		size_t len = strlen(e->d_name);
+		char link[300];
+
+		if (len < 4 || strcmp(e->d_name + len - 3, ".md") != 0)
+			continue;
+		snprintf(link, sizeof(link), "](docs/%s)", e->d_name);
+		cr_expect_not_null(strstr(readme, link), "README.md does not link docs/%s",
+		                   e->d_name);
+		pages++;
+	}
+	closedir(d);
+	cr_expect_geq(pages, 10, "docs/ has %d pages", pages);
+	free(readme);
+}
+
+/* The README's log table names messages the relay really prints: each row's message is in
+ * docs/logs.md, whose list test_docs checks against the code. */
+Test(readme, its_log_lines_are_in_logs_md)
+{
+	char *readme = read_source("README.md");
+	char *logs = read_source("docs/logs.md");
+	const char *table = strstr(readme, "| level | message |");
 	int rows = 0;
 
-	/* Rows of the reference table look like "| `relay.lease` | `OUTBOX_RELAY_LEASE` |". */
-	while ((p = strstr(p, "\n| `")) != NULL) {
-		char key[128];
-		const char *start = p + 4, *end = strchr(start, '`');
+	cr_assert_not_null(table, "README.md has no log table");
+	for (const char *p = table; (p = strstr(p, "\n| ")) != NULL;) {
+		const char *msg = strstr(p, " | `"), *end;
+		char want[400];
 
-		p = start;
-		if (!end || (size_t)(end - start) >= sizeof(key) ||
-		    strncmp(end, "` | `OUTBOX_", 12))
-			continue;
-		memcpy(key, start, (size_t)(end - start));
-		key[end - start] = '\0';
-		cr_expect_geq(config_key_index(key), 0, "README documents unknown key '%s'", key);
+		p += 3;
+		if (strncmp(p, "info", 4) != 0 && strncmp(p, "warn", 4) != 0 &&
+		    strncmp(p, "error", 5) != 0)
+			break; /* the table ended */
+		cr_assert_not_null(msg);
+		msg += 3;
+		end = strchr(msg + 1, '`');
+		cr_assert_not_null(end);
+		snprintf(want, sizeof(want), "%.*s", (int)(end - msg + 1), msg);
+		cr_expect_not_null(strstr(logs, want),
+		                   "README's log line %s is not in docs/logs.md", want);
 		rows++;
 	}
-	cr_assert_eq(rows, (int)config_key_count(), "README has %d key rows, the table %zu", rows,
-	             config_key_count());
+	cr_expect_eq(rows, 10, "README's log table has %d rows, the ten that matter most", rows);
+	free(logs);
 	free(readme);
 }
