@@ -1,5 +1,6 @@
 /* `outbox-relay run`: start the relay loops, the maintenance loop and the HTTP endpoint, log a
- * summary line every 10 s while busy, and shut down in order on SIGTERM/SIGINT. */
+ * summary line every 10 s while busy, and shut down in order on SIGTERM/SIGINT (SIGHUP is
+ * only noted: the configuration is immutable). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,6 +24,8 @@
 
 static struct relay g_relay;
 static int wake_pipe[2] = { -1, -1 };
+/* Set by SIGHUP, read and cleared by serve(). */
+static atomic_int g_hangup;
 
 /* Async-signal-safe: atomics, clock_gettime and one write. The first signal starts an orderly
  * shutdown bounded by relay.shutdown_timeout; a second one cuts the wait for outstanding
@@ -53,6 +56,17 @@ static void on_signal(int sig)
 	errno = saved;
 }
 
+/* SIGHUP asks daemons to reload; the configuration is one immutable snapshot, so it is only
+ * noted (serve() says so). Left at its default it would end the process without the orderly
+ * shutdown, with a status systemd counts as clean, so Restart=on-failure would not bring it
+ * back. The wake pipe is not written: the loops never drain it, and serve() looks 4 times a
+ * second anyway. */
+static void on_hangup(int sig)
+{
+	(void)sig;
+	atomic_store(&g_hangup, 1);
+}
+
 static int install_signals(void)
 {
 	struct sigaction sa;
@@ -61,6 +75,9 @@ static int install_signals(void)
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
+		return -1;
+	sa.sa_handler = on_hangup;
+	if (sigaction(SIGHUP, &sa, NULL) < 0)
 		return -1;
 	sa.sa_handler = SIG_IGN;
 	return sigaction(SIGPIPE, &sa, NULL);
@@ -343,6 +360,10 @@ static void serve(struct summary_state *sum)
 		struct pollfd p = { .fd = wake_pipe[0], .events = POLLIN };
 
 		(void)poll(&p, 1, 250);
+		if (atomic_exchange(&g_hangup, 0))
+			log_event(LOG_INFO, "relay",
+			          "received SIGHUP, configuration not reloaded: restart to apply "
+			          "changes");
 		notify_tick();
 		if (clock_mono_ms() - sum->last_ms >= SUMMARY_INTERVAL_MS)
 			summary(sum);
