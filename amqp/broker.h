@@ -114,6 +114,12 @@ struct broker;
 /* NULL when out of memory (or out of file descriptors: each broker keeps a pipe that
  * broker_interrupt() writes to). */
 struct broker *broker_new(const struct broker_options *opts);
+/* Reads amqp.url (url borrowed, may be NULL) as broker_connect() will, without connecting:
+ * returns BROKER_OK, or BROKER_ERR_CONFIG with one line in why (n bytes) that names the URL
+ * by position when there are several and says what is wrong, e.g. "URL 2 of 3: the password
+ * holds an unescaped '/': percent-encode it as %2F" (never a part of the URL itself), or
+ * BROKER_ERR_NOMEM. For the configuration check at start: such a URL can never connect. */
+int broker_check_url(const char *url, char *why, size_t n) __attribute__((warn_unused_result));
 void broker_free(struct broker *b);                /* accepts NULL */
 const char *broker_errmsg(const struct broker *b); /* borrowed; never holds a password */
 

@@ -18,6 +18,7 @@
 #define PUBLISH_CHANNEL 1
 #define CHECK_CHANNEL   2 /* passive declares: a 404 there must not close the publish channel */
 #define NODE_NAME_MAX   300
+#define NODES_MAX       32 /* URLs in amqp.url */
 #define CLOSE_TEXT_MAX  256
 /* Bodies up to this size are published in the pipeline at once. A larger body, until one at
  * least as large has been answered on this connection, is published alone after the rest of
@@ -99,6 +100,15 @@ void broker_set_err(struct broker *b, const char *fmt, ...) __attribute__((forma
 void broker_forget_exchanges(struct broker *b);
 /* Frees the parsed nodes of amqp.url. */
 void broker_free_nodes(struct broker *b);
+
+/* ---- url.c: reading amqp.url ---- */
+/* Splits url (may be NULL) at commas and parses each URL into *out, a new array of *nout nodes
+ * (free with broker_url_nodes_free). BROKER_OK; BROKER_ERR_CONFIG with one line in err that
+ * names the URL by position and says what is wrong, never quoting it; BROKER_ERR_NOMEM. Nothing
+ * is written to *out or *nout on failure. */
+int broker_url_parse(const char *url, struct node **out, size_t *nout, char *err, size_t n)
+        __attribute__((warn_unused_result));
+void broker_url_nodes_free(struct node *nodes, size_t nnodes); /* accepts NULL */
 /* The shutdown deadline (CLOCK_MONOTONIC ms) as it stands now; 0 = none. */
 int64_t broker_abort_at(const struct broker *b);
 /* Stores now_ms in opts.progress_ms when it is set: the wait is still working. */

@@ -26,7 +26,6 @@
 #include "base/clock.h"
 
 #define FRAME_MAX 131072
-#define NODES_MAX 32
 /* Each node attempt (connect, TLS, login, channels) is bounded by min(confirm_timeout, this),
  * so that one dead node of a cluster cannot hold up the others for long. */
 #define CONNECT_TIMEOUT_MAX_MS 10000
@@ -57,13 +56,12 @@ static int64_t connect_timeout_ms(const struct broker *b)
 
 /* ---- nodes ---- */
 
-/* Splits amqp.url at commas and parses each URL. Errors never quote a URL: it holds a
- * password. */
+/* Parses amqp.url once (url.c); a bad one fails every later call the same way. Errors never
+ * quote a URL: it holds a password. */
 static int parse_nodes(struct broker *b)
 {
-	const char *url = b->opts.url != NULL ? b->opts.url : "";
-	const char *p = url;
-	size_t count = 1;
+	char why[sizeof(b->parse_err) - 32];
+	int rc;
 
 	if (b->parsed) {
 		if (b->parse_err[0] == '\0')
@@ -71,62 +69,15 @@ static int parse_nodes(struct broker *b)
 		broker_set_err(b, "%s", b->parse_err);
 		return BROKER_ERR_CONFIG;
 	}
-	for (const char *c = url; *c != '\0'; c++)
-		count += *c == ',';
-	if (count > NODES_MAX) {
-		snprintf(b->parse_err, sizeof(b->parse_err), "invalid amqp.url: more than %d URLs",
-		         NODES_MAX);
-		goto out;
-	}
-	b->nodes = calloc(count, sizeof(*b->nodes));
-	if (b->nodes == NULL) {
+	rc = broker_url_parse(b->opts.url, &b->nodes, &b->nnodes, why, sizeof(why));
+	if (rc == BROKER_ERR_NOMEM) {
 		broker_set_err(b, "out of memory");
-		return BROKER_ERR_NOMEM;
+		return rc;
 	}
-	for (size_t i = 0; i < count; i++) {
-		struct node *nd = &b->nodes[i];
-		size_t len = strcspn(p, ",");
-		const char *s = p;
-		char where[48] = "";
-		int rc;
-
-		p += len + (p[len] == ',');
-		while (len > 0 && (*s == ' ' || *s == '\t')) {
-			s++;
-			len--;
-		}
-		while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
-			len--;
-		if (count > 1)
-			snprintf(where, sizeof(where), "URL %zu of %zu: ", i + 1, count);
-		nd->buf = strndup(s, len);
-		if (nd->buf == NULL) {
-			broker_free_nodes(b);
-			broker_set_err(b, "out of memory");
-			return BROKER_ERR_NOMEM;
-		}
-		b->nnodes = i + 1;
-		amqp_default_connection_info(&nd->ci);
-		rc = len == 0 ? AMQP_STATUS_BAD_URL : amqp_parse_url(nd->buf, &nd->ci);
-		if (rc != AMQP_STATUS_OK) {
-			snprintf(b->parse_err, sizeof(b->parse_err), "invalid amqp.url: %s%s",
-			         where, len == 0 ? "empty" : amqp_error_string2(rc));
-			goto out;
-		}
-		/* "amqp://host" and "amqp://host/" both mean the default vhost here, as
-		 * operators expect; an explicitly empty vhost is not useful with RabbitMQ. */
-		if (nd->ci.vhost == NULL || nd->ci.vhost[0] == '\0')
-			nd->ci.vhost = "/";
-		if (strchr(nd->ci.host, ':') != NULL) /* IPv6 */
-			snprintf(nd->name, sizeof(nd->name), "[%s]:%d", nd->ci.host, nd->ci.port);
-		else
-			snprintf(nd->name, sizeof(nd->name), "%s:%d", nd->ci.host, nd->ci.port);
-	}
-out:
 	b->parsed = true;
-	if (b->parse_err[0] == '\0')
+	if (rc == BROKER_OK)
 		return BROKER_OK;
-	broker_free_nodes(b);
+	snprintf(b->parse_err, sizeof(b->parse_err), "invalid amqp.url: %s", why);
 	broker_set_err(b, "%s", b->parse_err);
 	return BROKER_ERR_CONFIG;
 }

@@ -697,6 +697,23 @@ static void check_rules(const struct slot *slots, struct config_errors *errs)
 	}
 }
 
+/* amqp.url as the AMQP client reads it, when the caller can say (src->check_amqp_url). Only
+ * the effective value is read: one that some source gave wrongly was reported already. */
+static void check_amqp_url(const struct config_sources *src, const struct slot *slots,
+                           struct config_errors *errs)
+{
+	size_t i = config_key_by_field(offsetof(struct config, amqp_url));
+	char why[256] = "", got[160];
+
+	if (!src->check_amqp_url || i >= config_key_count() || slots[i].failed || !slots[i].text)
+		return;
+	if (src->check_amqp_url(slots[i].text, why, sizeof(why)) == 0)
+		return;
+	given_text(config_key_at(i), slots[i].text, got, sizeof(got));
+	config_errors_add(errs, "amqp.url: got %s (%s): %s", got, slots[i].source,
+	                  why[0] ? why : "the AMQP client cannot read it");
+}
+
 static struct config *build(struct slot *slots)
 {
 	size_t nkeys = config_key_count();
@@ -765,6 +782,7 @@ struct config *config_load(const struct config_sources *src, struct config_error
 	load_env(src->environ, slots, errs);
 	load_sets(src, slots, errs);
 	check_rules(slots, errs);
+	check_amqp_url(src, slots, errs);
 	if (errs->n > 0)
 		goto out;
 	c = build(slots);

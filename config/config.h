@@ -69,6 +69,12 @@ struct config_sources {
 	const char *const *sets; /* "key=value" strings from --set, in order */
 	size_t nsets;
 	const char *const *environ; /* NULL-terminated "NAME=value" list (usually environ) */
+	/* When non-NULL: reads the effective amqp.url the way the AMQP client will (config/ has
+	 * no URL parser of its own and includes nothing of amqp/; relay/ passes
+	 * broker_check_url). Returns 0, or non-zero with one line in why (n bytes) that never
+	 * quotes a password; config_load() then reports it against amqp.url and its source, so
+	 * that a URL which can never connect stops `run` and fails `config check` (exit 2). */
+	int (*check_amqp_url)(const char *url, char *why, size_t n);
 };
 
 /* Builds the snapshot. Returns a new config (free with config_free) or NULL when anything is

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amqp/broker.h"
 #include "config/config.h"
 #include "relay/log.h"
 #include "relay/relay.h"
@@ -259,6 +260,8 @@ int main(int argc, char **argv)
 	src.sets = sets;
 	src.nsets = nsets;
 	src.environ = (const char *const *)environ;
+	/* A URL the AMQP client cannot read would fail every connect: refuse it at start. */
+	src.check_amqp_url = broker_check_url;
 	cfg = config_load(&src, &errs);
 	if (!cfg) {
 		for (size_t i = 0; i < errs.n; i++)

@@ -54,7 +54,7 @@ static inline void fuzz_check_round_trip(const struct config *c)
 	char(*sets)[FUZZ_VALUE_MAX + 64] = calloc(n, sizeof(*sets));
 	const char **setv = calloc(n, sizeof(*setv));
 	const char *const no_env[] = { NULL };
-	struct config_sources src = { NULL, NULL, 0, no_env };
+	struct config_sources src = { NULL, NULL, 0, no_env, NULL };
 	struct config_errors errs = { NULL, 0 };
 	struct config *again;
 	size_t nsets = 0;

@@ -18,7 +18,7 @@ static char path[64];
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const char *const no_env[] = { NULL };
-	struct config_sources src = { path, NULL, 0, no_env };
+	struct config_sources src = { path, NULL, 0, no_env, NULL };
 	struct config_errors errs = { NULL, 0 };
 	struct config *c;
 

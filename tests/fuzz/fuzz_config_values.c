@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		line = nl ? nl + 1 : NULL;
 	}
 	env[nenv] = NULL;
-	src = (struct config_sources){ NULL, sets, nsets, env };
+	src = (struct config_sources){ NULL, sets, nsets, env, NULL };
 	c = config_load(&src, &errs);
 	fuzz_check_errors(c, &errs, NULL);
 	if (c)

@@ -38,7 +38,7 @@ static struct config *load(const char *file, const char *const *env, const char 
                            size_t nsets)
 {
 	static const char *const no_env[] = { NULL };
-	struct config_sources src = { file, sets, nsets, env ? env : no_env };
+	struct config_sources src = { file, sets, nsets, env ? env : no_env, NULL };
 
 	cfg = config_load(&src, &errs);
 	return cfg;
