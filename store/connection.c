@@ -4,6 +4,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,9 @@
 #define CONNECT_TIMEOUT_S "10"
 /* Keywords a connection string may repeat per host (libpq's host lists). */
 #define HOST_LIST_MAX 16
+/* Addresses tried per host name, and in all: each has its own timeout. */
+#define ADDRS_PER_HOST_MAX 8
+#define TARGETS_MAX        64
 
 /* Columns store_connect() insists on in relay mode (DESIGN §1). */
 static const char *const required_columns[] = {
@@ -283,17 +288,101 @@ static void add_defaults(struct store *s, struct attempt *a, char *user_timeout,
 	attempt_add(a, "client_encoding", "UTF8");
 }
 
-/* Connects to the first host of the connection string's list that accepts and is writable,
- * giving each host its own timeout (a host that silently drops packets must not keep the
- * relay from the next one, as after a failover where the old primary's machine is gone). */
+/* What libpq would connect to: the host, hostaddr, port and connect_timeout values of the
+ * connection string completed the way libpq completes it, from a service file entry (service=
+ * or PGSERVICE) and the PG* environment variables (PGHOST=a,b, PGPORT, PGHOSTADDR, ...).
+ * libpq has no call that does only this: a start whose options are read and then refused,
+ * before any name is looked up or any socket made (an unknown target_session_attrs), leaves
+ * the completed values on the connection for PQconninfo(). Returns the option array (free
+ * with PQconninfoFree) or NULL, then the caller uses the string as it is. */
+static PQconninfoOption *completed_options(const struct attempt *base)
+{
+	struct attempt probe = *base;
+	PQconninfoOption *opts = NULL;
+	PGconn *c;
+
+	attempt_add(&probe, "target_session_attrs", "not-a-value-only-read-the-options");
+	c = PQconnectStartParams(probe.keys, probe.vals, 0);
+	if (c && PQstatus(c) == CONNECTION_BAD && PQsocket(c) < 0)
+		opts = PQconninfo(c);
+	PQfinish(c);
+	return opts;
+}
+
+static const char *option_value(const PQconninfoOption *opts, const char *key)
+{
+	for (const PQconninfoOption *o = opts; o && o->keyword; o++)
+		if (strcmp(o->keyword, key) == 0)
+			return o->val && o->val[0] ? o->val : NULL;
+	return NULL;
+}
+
+/* One address to try: the host as written (TLS verification, .pgpass and the logs use it),
+ * one of its addresses (hostaddr; "" = let libpq look it up or use a socket directory), the
+ * port ("" = libpq's default). */
+struct target {
+	char host[256];
+	char addr[INET6_ADDRSTRLEN + 32];
+	char port[16];
+};
+
+static void target_set(struct target *t, const char *host, const char *addr, const char *port)
+{
+	snprintf(t->host, sizeof(t->host), "%s", host);
+	snprintf(t->addr, sizeof(t->addr), "%s", addr);
+	snprintf(t->port, sizeof(t->port), "%s", port);
+}
+
+/* Adds host's targets to t (at most max - *n): one per address the name resolves to, in the
+ * order getaddrinfo() gives them, as libpq would try them, so that each gets a deadline of its
+ * own. A socket directory, an address, or a name that does not resolve is one target, left to
+ * libpq (which says why it failed). */
+static void add_targets(struct target *t, int *n, int max, const char *host, const char *addr,
+                        const char *port)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+	int first = *n;
+
+	if (*n >= max)
+		return;
+	if (addr[0] || !host[0] || host[0] == '/' || host[0] == '@' ||
+	    getaddrinfo(host, NULL, &hints, &res) != 0) {
+		target_set(&t[(*n)++], host, addr, port);
+		return;
+	}
+	for (struct addrinfo *ai = res; ai && *n < max && *n - first < ADDRS_PER_HOST_MAX;
+	     ai = ai->ai_next) {
+		char num[INET6_ADDRSTRLEN + 32];
+		bool seen = false;
+
+		if (getnameinfo(ai->ai_addr, ai->ai_addrlen, num, sizeof(num), NULL, 0,
+		                NI_NUMERICHOST) != 0)
+			continue;
+		for (int k = first; k < *n && !seen; k++)
+			seen = strcmp(t[k].addr, num) == 0;
+		if (!seen)
+			target_set(&t[(*n)++], host, num, port);
+	}
+	freeaddrinfo(res);
+	if (*n == first)
+		target_set(&t[(*n)++], host, "", port);
+}
+
+/* Connects to the first address that accepts and is writable, of every host libpq would try —
+ * written in database.url, given by PGHOST or a service file entry — and of every address a
+ * host name resolves to, giving each its own timeout: a host that silently drops packets must
+ * not keep the relay from the next one, as after a failover where the old primary's machine
+ * is gone. */
 static int open_connection(struct store *s)
 {
 	char *errbuf = NULL, *hosts = NULL, *addrs = NULL, *ports = NULL;
 	char *host_v[HOST_LIST_MAX], *addr_v[HOST_LIST_MAX], *port_v[HOST_LIST_MAX];
 	char user_timeout[24];
-	PQconninfoOption *opts;
+	PQconninfoOption *opts, *done = NULL;
 	struct attempt base = { .n = 0 };
-	int nh, na, np, count, rc = STORE_ERR_CONN;
+	struct target *targets = NULL;
+	int nh, na, np, count, nt = 0, rc = STORE_ERR_CONN;
 	bool aborted = false;
 
 	opts = PQconninfoParse(s->opts.conninfo ? s->opts.conninfo : "", &errbuf);
@@ -303,37 +392,64 @@ static int open_connection(struct store *s)
 		return errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
 	}
 	add_defaults(s, &base, user_timeout, sizeof(user_timeout));
-	base.timeout_ms = attempt_timeout_ms(opts);
 	for (PQconninfoOption *o = opts; o->keyword; o++) {
-		if (!o->val)
-			continue;
-		if (strcmp(o->keyword, "host") == 0)
-			hosts = strdup(o->val);
-		else if (strcmp(o->keyword, "hostaddr") == 0)
-			addrs = strdup(o->val);
-		else if (strcmp(o->keyword, "port") == 0)
-			ports = strdup(o->val);
-		else
+		if (o->val && strcmp(o->keyword, "host") != 0 &&
+		    strcmp(o->keyword, "hostaddr") != 0 && strcmp(o->keyword, "port") != 0)
 			attempt_add(&base, o->keyword, o->val);
+	}
+	/* The string's own values first: they win over the environment and a service entry. */
+	{
+		struct attempt probe = base;
+
+		for (PQconninfoOption *o = opts; o->keyword; o++)
+			if (o->val && (strcmp(o->keyword, "host") == 0 ||
+			               strcmp(o->keyword, "hostaddr") == 0 ||
+			               strcmp(o->keyword, "port") == 0))
+				attempt_add(&probe, o->keyword, o->val);
+		done = completed_options(&probe);
+	}
+	base.timeout_ms = attempt_timeout_ms(done ? done : opts);
+	if (done) {
+		const char *v;
+
+		hosts = (v = option_value(done, "host")) ? strdup(v) : NULL;
+		addrs = (v = option_value(done, "hostaddr")) ? strdup(v) : NULL;
+		ports = (v = option_value(done, "port")) ? strdup(v) : NULL;
+	} else {
+		/* Only what the string says; libpq completes the rest inside one attempt. */
+		const char *v;
+
+		hosts = (v = option_value(opts, "host")) ? strdup(v) : NULL;
+		addrs = (v = option_value(opts, "hostaddr")) ? strdup(v) : NULL;
+		ports = (v = option_value(opts, "port")) ? strdup(v) : NULL;
 	}
 	nh = split_list(hosts, host_v);
 	na = split_list(addrs, addr_v);
 	np = split_list(ports, port_v);
 	count = nh > na ? nh : na;
 	if (count == 0)
-		count = 1; /* PGHOST and friends, or libpq's default socket */
-	for (int i = 0; i < count; i++) {
+		count = 1; /* libpq's default socket */
+	targets = calloc(TARGETS_MAX, sizeof(*targets));
+	if (!targets) {
+		store_set_error(s, "out of memory");
+		rc = STORE_ERR_NOMEM;
+		goto out;
+	}
+	for (int i = 0; i < count; i++)
+		add_targets(targets, &nt, TARGETS_MAX, i < nh ? host_v[i] : "",
+		            i < na ? addr_v[i] : "",
+		            np == 1 ? port_v[0] : (i < np ? port_v[i] : ""));
+	for (int i = 0; i < nt; i++) {
+		const struct target *t = &targets[i];
 		struct attempt a = base;
 		PGconn *c;
 
-		if (i < nh)
-			attempt_add(&a, "host", host_v[i]);
-		if (i < na)
-			attempt_add(&a, "hostaddr", addr_v[i]);
-		if (np == 1)
-			attempt_add(&a, "port", port_v[0]);
-		else if (i < np)
-			attempt_add(&a, "port", port_v[i]);
+		if (t->host[0])
+			attempt_add(&a, "host", t->host);
+		if (t->addr[0])
+			attempt_add(&a, "hostaddr", t->addr);
+		if (t->port[0])
+			attempt_add(&a, "port", t->port);
 		c = connect_once(s, &a, 0, &aborted);
 		if (!c) {
 			if (aborted) {
@@ -342,10 +458,18 @@ static int open_connection(struct store *s)
 				rc = STORE_ERR_ABORTED;
 				goto out;
 			}
-			snprintf(s->server, sizeof(s->server), "%s:%s", i < nh ? host_v[i] : "",
-			         np == 1 ? port_v[0] : (i < np ? port_v[i] : ""));
-			store_set_error(s, "could not connect to PostgreSQL at %s: timeout expired",
-			                s->server);
+			snprintf(s->server, sizeof(s->server), "%s:%s",
+			         t->host[0] ? t->host : t->addr, t->port);
+			if (t->addr[0] && t->host[0] && strcmp(t->host, t->addr) != 0)
+				store_set_error(
+				        s,
+				        "could not connect to PostgreSQL at %s (%s): timeout "
+				        "expired",
+				        s->server, t->addr);
+			else
+				store_set_error(
+				        s, "could not connect to PostgreSQL at %s: timeout expired",
+				        s->server);
 			continue;
 		}
 		if (PQstatus(c) == CONNECTION_OK) {
@@ -360,6 +484,8 @@ static int open_connection(struct store *s)
 	}
 out:
 	PQconninfoFree(opts);
+	PQconninfoFree(done);
+	free(targets);
 	free(hosts);
 	free(addrs);
 	free(ports);

@@ -260,8 +260,13 @@ static void post(struct proxy *p)
 
 struct proxy *proxy_start(int target_port)
 {
+	return proxy_start_at("127.0.0.1", 0, target_port);
+}
+
+struct proxy *proxy_start_at(const char *ipv4, int port, int target_port)
+{
 	struct proxy *p = calloc(1, sizeof(*p));
-	struct sockaddr_in a = { .sin_family = AF_INET };
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	socklen_t alen = sizeof(a);
 	int one = 1;
 
@@ -270,9 +275,9 @@ struct proxy *proxy_start(int target_port)
 	p->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	cr_assert(p->listen_fd >= 0, "socket: %s", strerror(errno));
 	setsockopt(p->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	cr_assert(bind(p->listen_fd, (struct sockaddr *)&a, sizeof(a)) == 0, "bind: %s",
-	          strerror(errno));
+	cr_assert_eq(inet_pton(AF_INET, ipv4, &a.sin_addr), 1, "not an IPv4 address: %s", ipv4);
+	cr_assert(bind(p->listen_fd, (struct sockaddr *)&a, sizeof(a)) == 0, "bind %s:%d: %s", ipv4,
+	          port, strerror(errno));
 	cr_assert(listen(p->listen_fd, 64) == 0, "listen: %s", strerror(errno));
 	cr_assert(getsockname(p->listen_fd, (struct sockaddr *)&a, &alen) == 0);
 	p->port = ntohs(a.sin_port);

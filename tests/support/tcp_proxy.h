@@ -14,6 +14,8 @@ struct proxy;
 /* Listens on an ephemeral 127.0.0.1 port and forwards to 127.0.0.1:target_port. Fails the
  * test when it cannot listen. Free with proxy_stop(). */
 struct proxy *proxy_start(int target_port);
+/* The same, listening on ipv4 ("127.0.0.2": any loopback address) at port (0 = ephemeral). */
+struct proxy *proxy_start_at(const char *ipv4, int port, int target_port);
 /* Closes every connection and the listener, joins the thread, frees p; accepts NULL. */
 void proxy_stop(struct proxy *p);
 /* The port clients connect to. */
