@@ -7,13 +7,24 @@ set -euo pipefail
 caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
-	procps iproute2 util-linux clang-format pgbouncer clang cppcheck
-	dpkg-dev systemd adduser man-db groff-base mandoc prometheus)
-# The Debian packages and the man page: dpkg-dev has dpkg-shlibdeps (CPack's library
-# dependencies) and dpkg-buildflags; systemd has systemd-analyze (the unit is verified offline,
-# no systemd needs to run); adduser runs in the package's postinst; man-db, groff-base and
-# mandoc render and lint the man page (tests/unit/test_manpage, tests/package); prometheus has
-# promtool, which checks packaging/alerts.yml (its server is never started: see policy-rc.d).
+	procps iproute2 util-linux mount libc-bin clang-format pgbouncer clang libclang-rt-14-dev
+	cppcheck dpkg-dev file systemd adduser man-db groff-base mandoc prometheus)
+# What each stage of tests/run uses beyond a minimal Debian 12 root (debootstrap
+# --variant=minbase bookworm), which has neither procps nor iproute2 nor file:
+# - services and the HA suite: procps (ps), iproute2 (ss), util-linux (runuser, setsid, ipcrm,
+#   unshare), openssl (the TLS test certificates);
+# - the fault suite gives one relay a hosts file of its own: unshare (util-linux), mount and
+#   getent (libc-bin);
+# - fuzzing (tests/fuzz/run): clang with libclang-rt-14-dev, its libFuzzer and sanitizer
+#   runtimes (without it clang cannot link -fsanitize=fuzzer);
+# - the Debian packages and the man page: dpkg-dev has dpkg-shlibdeps (CPack's library
+#   dependencies) and dpkg-buildflags; file is what CPackDeb runs on every installed file
+#   ("CPackDeb: file utility is not available" without it); systemd has systemd-analyze (the
+#   units are verified offline, no systemd needs to run); adduser runs in the package's
+#   postinst; man-db, groff-base and mandoc render and lint the man page (tests/unit/test_manpage,
+#   tests/package);
+# - prometheus has promtool, which checks packaging/alerts.yml (its server is never started:
+#   see policy-rc.d).
 
 missing=()
 for p in "${packages[@]}"; do
