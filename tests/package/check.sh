@@ -5,8 +5,8 @@
 #   2. `dpkg -i` of the three, then: `outbox-relay version`; `config check` of the packaged
 #      /etc/outbox-relay/relay.json, as root and as the outbox-relay user; that file equal to
 #      `config example`; the conffiles and their modes; the system user and group; the unit
-#      through `systemd-analyze verify` (alone and with the credentials drop-in; no systemd
-#      needs to run), and its exposure through `systemd-analyze security --offline`; the man
+#      through `systemd-analyze verify` (alone, with the credentials drop-in, with the migrate
+#      drop-in and with both; no systemd needs to run), and its exposure through `systemd-analyze security --offline`; the man
 #      page through man(1); liboutbox through pkg-config, a program linked against it and
 #      ldconfig;
 #      every package's /usr/share/doc/<package>/copyright (MIT);
@@ -191,6 +191,17 @@ cp "$unit" "$work/unit/"
 cp /usr/share/doc/outbox-relay/examples/credentials.conf "$work/unit/outbox-relay.service.d/"
 if ! out=$(systemd-analyze verify "$work/unit/outbox-relay.service" 2>&1) || [ -n "$out" ]; then
 	fail "systemd-analyze verify with the credentials drop-in: $out"
+fi
+# The migrate step (ExecStartPre=) with the credentials drop-in, as an operator installs both.
+[ -f /usr/share/doc/outbox-relay/examples/migrate.conf ] ||
+	fail "the package lacks /usr/share/doc/outbox-relay/examples/migrate.conf"
+cp /usr/share/doc/outbox-relay/examples/migrate.conf "$work/unit/outbox-relay.service.d/"
+if ! out=$(systemd-analyze verify "$work/unit/outbox-relay.service" 2>&1) || [ -n "$out" ]; then
+	fail "systemd-analyze verify with the migrate and credentials drop-ins: $out"
+fi
+rm "$work/unit/outbox-relay.service.d/credentials.conf"
+if ! out=$(systemd-analyze verify "$work/unit/outbox-relay.service" 2>&1) || [ -n "$out" ]; then
+	fail "systemd-analyze verify with the migrate drop-in: $out"
 fi
 # Exposure, 0 (none) to 10 (unprotected); ours is about 1.4: a regression fails here.
 systemd-analyze security --offline=true --threshold=25 "$unit" >"$work/security.log" 2>&1 ||

@@ -248,3 +248,53 @@ Test(packaging, unit_stops_later_than_the_relay_and_runs_the_packaged_config)
 	             json + 1);
 	free(unit);
 }
+
+/* The migrate step under systemd runs with exactly what the relay runs with: a drop-in of the
+ * relay's own unit that adds `migrate` before ExecStart (same binary, same --config) and sets
+ * nothing else, so the unit's EnvironmentFile, the credentials drop-in, User and sandbox all
+ * apply. The README no longer sources /etc/default/outbox-relay in a shell for it (a URL with
+ * '&' broke that, and a credential was not there at all). */
+Test(packaging, migrate_drop_in_runs_migrate_with_the_units_own_settings)
+{
+	char path[4096], want[512];
+	char *unit, *dropin, *readme, *exec, *line;
+	size_t len;
+
+	packaging_path(path, sizeof(path), "outbox-relay.service");
+	unit = harness_read_file(path);
+	packaging_path(path, sizeof(path), "migrate.conf");
+	dropin = harness_read_file(path);
+	packaging_path(path, sizeof(path), "../README.md");
+	readme = harness_read_file(path);
+
+	/* ExecStart=<binary and options> run  ->  ExecStartPre=<the same> migrate */
+	exec = strstr(unit, "\nExecStart=");
+	cr_assert_not_null(exec);
+	exec += strlen("\nExecStart=");
+	len = strcspn(exec, "\n");
+	cr_assert(len > 4 && strncmp(exec + len - 4, " run", 4) == 0, "ExecStart=%.*s", (int)len,
+	          exec);
+	snprintf(want, sizeof(want), "ExecStartPre=%.*s migrate", (int)len - 4, exec);
+
+	/* Only [Service] and that line: everything else is inherited from the unit. */
+	for (line = dropin; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0)) {
+		size_t n = strcspn(line, "\n");
+
+		if (n == 0 || line[0] == '#')
+			continue;
+		cr_expect((n == strlen("[Service]") && strncmp(line, "[Service]", n) == 0) ||
+		                  (n == strlen(want) && strncmp(line, want, n) == 0),
+		          "migrate.conf sets more than the migrate step: %.*s (want only %s)",
+		          (int)n, line, want);
+	}
+	cr_assert(strstr(dropin, "\n[Service]\n") != NULL, "migrate.conf has no [Service]");
+	cr_assert(strstr(dropin, want) != NULL, "migrate.conf lacks %s", want);
+
+	cr_expect(strstr(readme, ". /etc/default/outbox-relay") == NULL,
+	          "the README sources /etc/default/outbox-relay in a shell");
+	cr_expect(strstr(readme, "examples/migrate.conf") != NULL,
+	          "the README does not show the migrate drop-in");
+	free(unit);
+	free(dropin);
+	free(readme);
+}
