@@ -60,6 +60,16 @@ static bool part_wrong(const char *p, size_t len, const char *what, const char *
 	return false;
 }
 
+/* The first c in [from, end), or NULL. (Not memchr: GCC's -Wstringop-overread cannot tell
+ * that from <= end here.) */
+static const char *find_char(const char *from, const char *end, char c)
+{
+	for (; from < end; from++)
+		if (*from == c)
+			return from;
+	return NULL;
+}
+
 /* Says why amqp_parse_url() refused u (len bytes, blanks trimmed). The userinfo ends at the
  * last '@' (as the operator meant it), the host at the first '/' after it. */
 static void explain(const char *u, size_t len, char *why, size_t n)
@@ -78,7 +88,7 @@ static void explain(const char *u, size_t len, char *why, size_t n)
 		if (*c == '@')
 			at = c;
 	if (at != NULL) {
-		colon = memchr(p, ':', (size_t)(at - p));
+		colon = find_char(p, at, ':');
 		if (part_wrong(p, (size_t)((colon ? colon : at) - p), "the user name", URL_DELIMS,
 		               why, n))
 			return;
@@ -87,7 +97,7 @@ static void explain(const char *u, size_t len, char *why, size_t n)
 			return;
 		p = at + 1;
 	}
-	slash = memchr(p, '/', (size_t)(end - p));
+	slash = find_char(p, end, '/');
 	if (slash == NULL)
 		slash = end;
 	for (const char *c = p; c < end; c++) {
@@ -100,7 +110,7 @@ static void explain(const char *u, size_t len, char *why, size_t n)
 		}
 	}
 	if (p < slash && *p == '[') {
-		const char *close = memchr(p, ']', (size_t)(slash - p));
+		const char *close = find_char(p, slash, ']');
 
 		if (close == NULL) {
 			snprintf(why, n, "an IPv6 host is written in brackets: [::1]");
@@ -112,7 +122,7 @@ static void explain(const char *u, size_t len, char *why, size_t n)
 			return;
 		}
 	} else {
-		colon = memchr(p, ':', (size_t)(slash - p));
+		colon = find_char(p, slash, ':');
 		if (part_wrong(p, (size_t)((colon ? colon : slash) - p), "the host", "[]@", why, n))
 			return;
 	}
