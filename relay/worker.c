@@ -277,11 +277,26 @@ static void broker_failed(struct worker *w, int rc, bool in_batch)
 /* Sleeps until a notification, the deadline, or shutdown, servicing the broker connection
  * (heartbeats, connection.blocked) at least every heartbeat/2 meanwhile. False when it slept
  * to the deadline; true when something else ended it (a notification, shutdown, a lost
- * connection): the loop has work to look at. */
+ * connection): the loop has work to look at.
+ * A notification may already be in libpq's queue: PostgreSQL sends one that came while a
+ * statement ran just before that statement's answer ends, so libpq reads it with the answer
+ * and the socket has nothing more to say. Polling alone would sleep through it (up to the
+ * poll interval, while a producer's row waits), so the queue is read before the first poll. */
 static bool wait_for_work(struct worker *w, int64_t deadline_ms)
 {
 	int64_t hb_ms = w->cfg->amqp_heartbeat_ms > 0 ? w->cfg->amqp_heartbeat_ms / 2 : 5000;
 
+	if (store_socket(w->store) >= 0) {
+		bool woken = false;
+		int rc = store_consume_input(w->store, &woken);
+
+		if (rc < 0) {
+			db_failed(w, rc, "waiting for notifications");
+			return true;
+		}
+		if (woken)
+			return true;
+	}
 	for (;;) {
 		struct pollfd pfd[3];
 		nfds_t n = 0;
@@ -331,6 +346,19 @@ static bool wait_for_work(struct worker *w, int64_t deadline_ms)
 			}
 		}
 	}
+}
+
+/* Drops the notifications libpq holds. Under load the loop never sleeps, yet notifications
+ * still come (another relay asleep makes producers notify, and so does a wake-up that came
+ * as this loop got busy), each kept by libpq until it is read: without this they would pile
+ * up for as long as the load lasts. A busy loop claims again after every batch, so they say
+ * nothing it needs. A failure is left to the next statement, which meets it too. */
+static void drop_notifications(struct worker *w)
+{
+	bool woken;
+
+	if (store_consume_input(w->store, &woken) < 0)
+		return;
 }
 
 /* ---- batches ---- */
@@ -812,6 +840,7 @@ static void cycle(struct worker *w)
 				w->armed = false;
 			if (w->mark == MARK_IN_CLAIM)
 				marked(w, store_claim_marked(w->store));
+			drop_notifications(w);
 		}
 	}
 
