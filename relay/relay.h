@@ -58,6 +58,10 @@ void *worker_main(void *arg);
  * ordering key, since_claim_us after it sent the previous claim: while they are fewer than an
  * eighth of batch_size, until 2 ms after that claim; otherwise 0 (relay/worker.c, gather()). */
 int64_t worker_gather_us(int64_t since_claim_us, size_t rows, int batch_size, bool keyed);
+/* Whether a batch of rows of which nacked were nacked by the broker (one_destination: all of
+ * them to one exchange and routing key) shows a condition of the broker, for which the worker
+ * backs off its connection; otherwise each nacked row backs off by itself (relay/worker.c). */
+bool worker_nacks_back_off(size_t rows, size_t nacked, bool one_destination);
 
 /* The maintenance loop: table gauges for /metrics and the retention purge, on a connection
  * of its own so that neither slows the relay loops. */

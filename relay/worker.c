@@ -552,10 +552,24 @@ static void prepare(struct worker *w, const struct store_batch *b)
 	}
 }
 
+/* Nacks a connection backs off for: fewer rows than this are a few rows' trouble, whatever
+ * share of their batch they are (under a trickle a batch is a row or two). */
+#define NACKS_BACKOFF_MIN 8
+
+/* A broker condition is told from one destination's trouble (a queue rejecting publishes
+ * because it is full, one quorum queue without its majority) by its breadth: most of a batch
+ * of some size, on more than one exchange and routing key. One destination's rows back off
+ * each by itself (DESIGN §4) while the rest keeps flowing: backing off the connection for
+ * them held up every healthy queue, after every row, for up to RECONNECT_MAX_MS. */
+bool worker_nacks_back_off(size_t rows, size_t nacked, bool one_destination)
+{
+	return nacked >= NACKS_BACKOFF_MIN && 2 * nacked > rows && !one_destination;
+}
+
 /* The outcome of one batch, sorted by what the database must hear. */
 struct settled {
 	size_t n_pub, n_fail, n_rel, n_nacked;
-	bool quiet_nacks; /* most of the batch was nacked: its rows are logged at debug */
+	bool quiet_nacks; /* a broker condition (worker_nacks_back_off): rows logged at debug */
 };
 
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
@@ -565,13 +579,22 @@ struct settled {
 static void classify(struct worker *w, const struct store_batch *b, struct settled *st)
 {
 	const struct config *cfg = w->cfg;
+	const struct store_row *first = NULL;
 	size_t nacked = 0;
+	bool one_destination = true;
 
 	/* Most of a batch nacked is one condition of the broker, said once by nacked_most():
 	 * its rows are logged at debug then, not as thousands of warn lines. */
-	for (size_t i = 0; i < b->n; i++)
-		nacked += w->res[i].outcome == BROKER_NACKED;
-	st->quiet_nacks = nacked > 0 && 2 * nacked > b->n;
+	for (size_t i = 0; i < b->n; i++) {
+		if (w->res[i].outcome != BROKER_NACKED)
+			continue;
+		if (nacked++ == 0)
+			first = &b->rows[i];
+		else if (one_destination)
+			one_destination = strcmp(b->rows[i].exchange, first->exchange) == 0 &&
+			                  strcmp(b->rows[i].routing_key, first->routing_key) == 0;
+	}
+	st->quiet_nacks = worker_nacks_back_off(b->n, nacked, one_destination);
 
 	for (size_t i = 0; i < b->n; i++) {
 		const struct store_row *r = &b->rows[i];
@@ -762,12 +785,12 @@ static void settle(struct worker *w, struct store_batch *x, const struct settled
 	snprintf(w->marking_token, sizeof(w->marking_token), "%s", x->token);
 }
 
-/* Most of a batch nacked is a condition of the broker (a quorum queue that lost its majority,
- * a full queue rejecting publishes), not of the rows: retrying row by row would hammer it.
- * Back off the whole connection as after a lost connection. */
+/* Most of a batch nacked, across destinations, is a condition of the broker (quorum queues
+ * that lost their majority, a node refusing publishes), not of the rows: retrying row by row
+ * would hammer it. Back off the whole connection as after a lost connection. */
 static void nacked_most(struct worker *w, const struct store_batch *x, const struct settled *st)
 {
-	if (st->n_nacked == 0 || 2 * st->n_nacked <= x->n)
+	if (!st->quiet_nacks)
 		return;
 	log_event(LOG_WARN, w->component, "broker refused most of the batch, backing off",
 	          LOG_UINT("nacked", st->n_nacked), LOG_UINT("rows", x->n));

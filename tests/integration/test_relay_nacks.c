@@ -1,6 +1,7 @@
-/* The relay binary against a broker that nacks every publish (a full queue rejecting them):
- * nacks are counted and logged as the broker's failure, never charged as attempts, no row goes
- * dead, and once the rejecting queue is gone every row is published and delivered. */
+/* The relay binary against a broker that nacks every publish (a full queue rejecting them, on
+ * two routing keys): nacks are counted and logged as the broker's failure, never charged as
+ * attempts, no row goes dead, a batch nacked across destinations backs the connection off, and
+ * once the rejecting queue is gone every row is published and delivered. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,11 +19,13 @@
  * there to stop a hang. */
 #define STATE_TIMEOUT_MS    120000
 #define DELIVERY_TIMEOUT_MS 180000
-#define ROWS                5
+/* At least the 8 nacked rows a connection backs off for (relay/worker.c), on two routing
+ * keys: nacks of one destination only back its rows off. */
+#define ROWS 12
 /* relay.max_attempts for the relay under test: every row must be nacked more often than this
  * and still be charged nothing. */
 #define MAX_ATTEMPTS 2
-#define ROUTING_KEY  "nacks.rk"
+#define BINDING_KEY  "nacks.#"
 #define ID_PREFIX    "nack"
 
 /* A queue that holds nothing and rejects every publish routed to it, bound to exchange with
@@ -39,7 +42,14 @@ static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, co
 	e[1].key = amqp_cstring_bytes("x-overflow");
 	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
 	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
-	amqp_admin_queue(c, q, exchange, ROUTING_KEY, true, args);
+	amqp_admin_queue(c, q, exchange, BINDING_KEY, true, args);
+}
+
+/* Rows on two routing keys, both bound to the rejecting queue. */
+static void two_keys(size_t i, struct harness_row *row, void *arg)
+{
+	(void)arg;
+	row->routing_key = i % 2 ? "nacks.b" : "nacks.a";
 }
 
 /* ---- what the relay shows ---- */
@@ -162,7 +172,8 @@ Test(relay_nacks, nacked_rows_are_never_charged_and_go_out_once_the_broker_takes
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", listen);
 	snprintf(e_attempts, sizeof(e_attempts), "OUTBOX_RELAY_MAX_ATTEMPTS=%d", MAX_ATTEMPTS);
-	harness_insert_rows(fx.pg, fx.table, ROWS, fx.exchange, ROUTING_KEY, ID_PREFIX, NULL, NULL);
+	harness_insert_rows(fx.pg, fx.table, ROWS, fx.exchange, "nacks.a", ID_PREFIX, two_keys,
+	                    NULL);
 	/* Short row backoff so that rows come round again quickly; debug, because with the whole
 	 * batch nacked the per-row lines are logged at debug. */
 	relay = fixture_relay_start(
