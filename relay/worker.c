@@ -91,7 +91,8 @@ struct worker {
 	int64_t full_claim_ms;
 	int64_t claim_sent_us; /* when the pipeline's last claim went out (gather()) */
 
-	bool armed; /* this worker's session holds the wake-up lock (store_arm) */
+	bool armed;           /* this worker's session holds the wake-up lock (store_arm) */
+	int64_t arm_pause_ms; /* the next pause after producers refused the lock (arm()) */
 	uint64_t seed;
 	atomic_int done; /* worker_main() has finished (read by the main thread) */
 	char node[300];  /* the broker node of the last connection, for "failover" */
@@ -980,6 +981,49 @@ static int catch_up(struct worker *w)
 	}
 }
 
+/* Takes the wake-up lock before sleeping. Every producer's INSERT takes it shared for an
+ * instant to test it, and a try in that instant is refused as it would be by a relay asleep:
+ * taken for one, it had the relay sleep its poll interval unarmed while no relay was armed,
+ * producers not notifying, new rows waiting the whole interval. So a refusal is read as
+ * another relay's only when the lock list shows one holding it; otherwise the lock is tried
+ * again at once, ARM_TRIES times in all. Returns ARM_ARMED, ARM_ELSEWHERE (another relay is
+ * armed: its notifications reach this one too), ARM_CONTENDED (producers held it at every
+ * try: the caller pauses, 1 ms and doubling up to ARM_PAUSE_MAX_MS, and comes round), or -1 (a database
+ * error, handled). */
+#define ARM_TRIES        3
+#define ARM_PAUSE_MAX_MS 50
+enum { ARM_ARMED = 1, ARM_ELSEWHERE, ARM_CONTENDED };
+
+static int arm(struct worker *w)
+{
+	int rc;
+
+	for (int i = 0; i < ARM_TRIES; i++) {
+		rc = store_arm(w->store);
+		if (rc < 0) {
+			db_failed(w, rc, "arming the wake-up");
+			return -1;
+		}
+		if (rc == 1)
+			break;
+		rc = store_wakeup_armed_elsewhere(w->store);
+		if (rc < 0) {
+			db_failed(w, rc, "arming the wake-up");
+			return -1;
+		}
+		if (rc == 1) {
+			w->armed = false;
+			w->arm_pause_ms = 1;
+			return ARM_ELSEWHERE;
+		}
+	}
+	w->armed = rc == 1;
+	if (!w->armed)
+		return ARM_CONTENDED;
+	w->arm_pause_ms = 1;
+	return ARM_ARMED;
+}
+
 static void worker_loop(struct worker *w)
 {
 	const struct config *cfg = w->cfg;
@@ -987,7 +1031,7 @@ static void worker_loop(struct worker *w)
 
 	while (!atomic_load(&w->relay->stopping)) {
 		struct store_batch *x = &w->batches[w->cur];
-		bool db_ok, mq_ok;
+		bool db_ok, mq_ok, contended;
 
 		set_tick(w);
 		db_ok = ensure_db(w);
@@ -1046,12 +1090,10 @@ static void worker_loop(struct worker *w)
 
 		/* Arm, then claim once more before sleeping: a row committed before the lock was
 		 * taken did not notify, but that claim sees it (catch_up()). */
-		rc = store_arm(w->store);
-		if (rc < 0) {
-			db_failed(w, rc, "arming the wake-up");
+		rc = arm(w);
+		if (rc < 0)
 			continue;
-		}
-		w->armed = rc == 1;
+		contended = rc == ARM_CONTENDED;
 		rc = catch_up(w);
 		if (rc < 0)
 			continue;
@@ -1063,6 +1105,17 @@ static void worker_loop(struct worker *w)
 			}
 			if (x->n > 0)
 				continue;
+			if (contended) {
+				/* Nobody is armed: pause a moment, then round again to arm. */
+				int64_t pause = w->arm_pause_ms;
+
+				if (pause > cfg->relay_poll_interval_ms)
+					pause = cfg->relay_poll_interval_ms;
+				wait_for_work(w, clock_mono_ms() + pause);
+				if (w->arm_pause_ms * 2 <= ARM_PAUSE_MAX_MS)
+					w->arm_pause_ms *= 2;
+				continue;
+			}
 			wait_for_work(w, clock_mono_ms() + cfg->relay_poll_interval_ms);
 		}
 	}
@@ -1110,6 +1163,7 @@ struct worker *worker_new(struct relay *r, int index)
 	w->relay = r;
 	w->cfg = cfg;
 	w->seed = (uint64_t)clock_mono_us() ^ ((uint64_t)(index + 1) * 0x9E3779B97F4A7C15ull);
+	w->arm_pause_ms = 1;
 	snprintf(w->component, sizeof(w->component), "worker%d", index + 1);
 	snprintf(w->app_name, sizeof(w->app_name), "outbox-relay worker %d", index + 1);
 

@@ -234,6 +234,11 @@ int store_renew(struct store *s, struct store_batch *b) __attribute__((warn_unus
  * arming and before that claim: once every transaction holding a seq then has ended, the claim
  * sees their rows. */
 int store_arm(struct store *s) __attribute__((warn_unused_result));
+/* After store_arm() answered 0: 1 when another session holds the wake-up lock as a relay
+ * does (exclusively: a relay asleep, whose notifications reach every relay that listens), 0
+ * when none does (producers' triggers held it shared for an instant: try again), or an error
+ * (store/wakeup.c). */
+int store_wakeup_armed_elsewhere(struct store *s) __attribute__((warn_unused_result));
 /* Lets the wake-up lock go without claiming (the relay cannot publish for now). */
 int store_disarm(struct store *s) __attribute__((warn_unused_result));
 /* Whether the table has a wake-up trigger that tests this relay's lock (read at connect: this
