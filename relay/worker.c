@@ -364,6 +364,25 @@ static void drop_notifications(struct worker *w)
 
 /* ---- batches ---- */
 
+/* Says what a claim leased but its batch could not hold (store/claim.c): rows handed back at
+ * once, and rows recorded dead because even alone they exceed what a batch may hold. */
+static void report_unheld(struct worker *w, const struct store_batch *b)
+{
+	if (b->n_refused) {
+		log_event(LOG_ERROR, w->component,
+		          "message is dead, an operator must requeue or discard it",
+		          LOG_STR("id", b->refused_id), LOG_STR("error", b->refused_error),
+		          LOG_UINT("rows", b->n_refused));
+		atomic_fetch_add_explicit(&g_metrics.failed[METRICS_FAIL_INVALID], b->n_refused,
+		                          memory_order_relaxed);
+		atomic_fetch_add_explicit(&g_metrics.dead, b->n_refused, memory_order_relaxed);
+	}
+	if (b->n_cut)
+		log_event(LOG_WARN, w->component,
+		          "claimed more than a batch may hold, handed the rest back",
+		          LOG_UINT("rows", b->n_cut));
+}
+
 static int grow(struct worker *w, size_t n)
 {
 	size_t cap = w->cap ? w->cap : 64;
@@ -864,6 +883,7 @@ static void cycle(struct worker *w)
 				w->armed = false;
 			if (w->mark == MARK_IN_CLAIM)
 				marked(w, store_claim_marked(w->store));
+			report_unheld(w, next);
 			drop_notifications(w);
 		}
 	}
@@ -939,11 +959,15 @@ static int claim_everywhere(struct worker *w, bool disarm, struct store_batch *x
 	store_keys_restart(w->store);
 	store_set_claim_floor(w->store, 0);
 	rc = store_claim(w->store, disarm, x);
+	if (rc == 0)
+		report_unheld(w, x);
 	store_set_claim_floor(w->store, STORE_FLOOR_KEYS_ONLY);
 	while (rc == 0 && x->n == 0 && store_keys_more(w->store) &&
 	       !atomic_load(&w->relay->stopping)) {
 		set_tick(w);
 		rc = store_claim(w->store, false, x);
+		if (rc == 0)
+			report_unheld(w, x);
 	}
 	store_set_claim_floor(w->store, 0);
 	return rc;

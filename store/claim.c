@@ -13,14 +13,15 @@
 
 /* A claimed batch may carry large bodies, but never more than this in one go. */
 #define BATCH_BUF_MAX ((size_t)1 << 30)
+/* The most bodies a claim asks for, whatever relay.batch_max_bytes says (up to 1 GiB): the
+ * batch's other columns need room in the buffer too. */
+#define BATCH_BODIES_MAX (BATCH_BUF_MAX / 8 * 7)
 /* Ordering keys a claim looks at, at least: a batch's worth, and never fewer than this, so
  * that a small batch does not take many claims to go round a few dozen keys. */
 #define STORE_CLAIM_KEYS_MIN 64
 /* ... and a claim that only looks through the keys (STORE_FLOOR_KEYS_ONLY), going round keys
  * whose heads are all delayed, dead or leased: fewer statements for the same descents. */
 #define STORE_CLAIM_KEYS_ONLY 1024
-/* "No byte budget" for the claim's $8. */
-#define NO_BUDGET "9223372036854775807"
 /* How far below the floor a claim still looks for rows committed late, in batches
  * (store_set_claim_floor). */
 #define STORE_FLOOR_REACH_BATCHES 8
@@ -149,29 +150,124 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 	return nt;
 }
 
+/* Bytes row i of the answer takes in the batch's buffer: every text column and its NUL. */
+static size_t row_bytes(const PGresult *res, int i)
+{
+	size_t n = 0;
+
+	for (int c = COL_ID; c <= COL_ORDERING_KEY; c++)
+		n += (size_t)PQgetlength(res, i, c) + 1;
+	return n;
+}
+
+struct by_seq {
+	int64_t seq;
+	int i;
+};
+
+static int cmp_by_seq(const void *a, const void *b)
+{
+	const struct by_seq *x = a, *y = b;
+
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* A claimed batch larger than the buffer (the budget keeps bodies below it; large headers or
+ * properties can still get here): never left leased, where it would fail the same way after
+ * every lease. Its rows that fit, oldest first, are kept; the rest are handed back at once
+ * (they come with a later claim); a row that cannot fit even alone can never be held, and is
+ * recorded dead with a last_error that says so (it cannot block the rows behind it either).
+ * Sets skip[i] for every row of the answer not kept and *total to what the kept ones need. */
+static int fit_batch(struct store *s, const PGresult *res, unsigned char *skip,
+                     struct store_batch *out, size_t *total)
+{
+	int nt = PQntuples(res), n = 0, rc = 0;
+	struct by_seq *order = calloc((size_t)nt + 1, sizeof(*order));
+	const char **cut = calloc((size_t)nt + 1, sizeof(*cut));
+	struct store_failure *refused = calloc((size_t)nt + 1, sizeof(*refused));
+	size_t used = 0, n_cut = 0, n_refused = 0;
+	bool cutting = false;
+
+	if (!order || !cut || !refused) {
+		store_set_error(s, "out of memory");
+		rc = STORE_ERR_NOMEM;
+		goto out;
+	}
+	for (int i = 0; i < nt; i++) {
+		if (PQgetisnull(res, i, COL_SEQ) ||
+		    store_parse_int64(PQgetvalue(res, i, COL_SEQ), &order[n].seq) != 0)
+			continue; /* the sample's row; a bad seq fails in parse_batch */
+		order[n++].i = i;
+	}
+	qsort(order, (size_t)n, sizeof(*order), cmp_by_seq);
+	for (int j = 0; j < n; j++) {
+		int i = order[j].i;
+		size_t b = row_bytes(res, i);
+
+		if (b <= BATCH_BUF_MAX - used && !cutting) {
+			used += b;
+			continue;
+		}
+		skip[i] = 1;
+		if (b <= BATCH_BUF_MAX) {
+			cutting = true; /* oldest first: nothing after a row handed back */
+			cut[n_cut++] = PQgetvalue(res, i, COL_ID);
+			continue;
+		}
+		if (n_refused == 0) {
+			snprintf(out->refused_id, sizeof(out->refused_id), "%s",
+			         PQgetvalue(res, i, COL_ID));
+			snprintf(out->refused_error, sizeof(out->refused_error),
+			         "row needs %zu bytes, more than a claimed batch may hold (%zu)", b,
+			         BATCH_BUF_MAX);
+		}
+		refused[n_refused].id = PQgetvalue(res, i, COL_ID);
+		refused[n_refused].error = out->refused_error;
+		refused[n_refused].dead = true;
+		n_refused++;
+	}
+	if (n_refused && (rc = store_mark_failed(s, s->claim_token, refused, n_refused, NULL)) != 0)
+		goto out;
+	if (n_cut && (rc = store_release(s, s->claim_token, cut, n_cut)) != 0)
+		goto out;
+	out->n_cut = n_cut;
+	out->n_refused = n_refused;
+	*total = used;
+out:
+	free(order);
+	free(cut);
+	free(refused);
+	return rc;
+}
+
 /* Copies the result into the batch's single buffer: sizes first, so that the buffer is
  * (re)allocated at most once and no pointer is taken before it stops moving. */
 static int parse_batch(struct store *s, const PGresult *res, struct store_batch *out,
                        int64_t sent_ms)
 {
-	int nt = PQntuples(res);
+	int nt = PQntuples(res), rc = 0;
 	size_t total = 0, used = 0, k = 0;
+	unsigned char *skip = NULL;
 
+	out->n_cut = out->n_refused = 0;
+	out->refused_id[0] = out->refused_error[0] = '\0';
 	if (PQnfields(res) != COL_COUNT) {
 		store_set_error(s, "claim returned %d columns, expected %d", PQnfields(res),
 		                COL_COUNT);
 		return STORE_ERR_QUERY;
 	}
 	for (int i = 0; i < nt; i++)
-		for (int c = COL_ID; c <= COL_ORDERING_KEY; c++)
-			total += (size_t)PQgetlength(res, i, c) + 1;
+		total += row_bytes(res, i);
 	nt = take_sample(s, res, nt, out, sent_ms);
 	if (total > BATCH_BUF_MAX) {
-		store_set_error(s,
-		                "claimed batch of %d rows needs %zu bytes, more than the limit "
-		                "of %zu: lower relay.batch_max_bytes",
-		                nt, total, BATCH_BUF_MAX);
-		return STORE_ERR_NOMEM;
+		skip = calloc((size_t)PQntuples(res) + 1, 1);
+		if (!skip)
+			goto nomem;
+		if ((rc = fit_batch(s, res, skip, out, &total)) != 0) {
+			free(skip);
+			return rc;
+		}
+		nt -= (int)(out->n_cut + out->n_refused);
 	}
 	if ((size_t)nt > out->cap) {
 		struct store_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
@@ -200,6 +296,8 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 
 		if (PQgetisnull(res, i, COL_SEQ))
 			continue; /* the watermark sample (rows may still be NULL then) */
+		if (skip && skip[i])
+			continue; /* handed back or refused (fit_batch) */
 		r = &out->rows[k];
 		dst[0] = &r->id;
 		dst[1] = &r->exchange;
@@ -228,11 +326,13 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 		    store_parse_int64(PQgetvalue(res, i, COL_ATTEMPTS), &v) != 0) {
 			store_set_error(s, "claim returned an unreadable number");
 			out->n = 0;
+			free(skip);
 			return STORE_ERR_QUERY;
 		}
 		r->attempts = (int)v;
 		k++;
 	}
+	free(skip);
 	out->buf_len = used;
 	out->n = k;
 	snprintf(out->token, sizeof(out->token), "%s", s->claim_token);
@@ -241,6 +341,7 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 		qsort(out->rows, out->n, sizeof(out->rows[0]), cmp_row_seq);
 	return 0;
 nomem:
+	free(skip);
 	store_set_error(s, "out of memory");
 	return STORE_ERR_NOMEM;
 }
@@ -318,10 +419,11 @@ static int claim_send(struct store *s, const char *name, bool disarm, const char
 	/* A claim that looks at no unkeyed row sees nothing for the floor's sake. */
 	s->claim_seen_sent =
 	        s->claim_floor == STORE_FLOOR_KEYS_ONLY ? s->claim_seen : watermark_safe(&s->wm);
-	if (s->opts.batch_max_bytes > 0)
-		snprintf(budget, sizeof(budget), "%lld", (long long)s->opts.batch_max_bytes);
-	else
-		snprintf(budget, sizeof(budget), "%s", NO_BUDGET);
+	/* The claim stops at the budget, before leasing what the batch could not hold. */
+	snprintf(budget, sizeof(budget), "%lld",
+	         s->opts.batch_max_bytes > 0 && (size_t)s->opts.batch_max_bytes < BATCH_BODIES_MAX
+	                 ? (long long)s->opts.batch_max_bytes
+	                 : (long long)BATCH_BODIES_MAX);
 	params[0] = disarm ? "t" : "f";
 	s->claim_disarm = disarm;
 	if (disarm)

@@ -84,6 +84,12 @@ struct store_batch {
 	/* CLOCK_MONOTONIC ms by which the lease surely runs out, measured by the database clock
 	 * (the claim's send time plus the time its statement said was left). */
 	int64_t lease_deadline_ms;
+	/* Rows the claim leased that the batch could not hold (store/claim.c, fit_batch()):
+	 * n_cut were handed back at once and come again with a later claim; n_refused could not
+	 * fit even alone and were recorded dead, the first of them named here for the log. */
+	size_t n_cut, n_refused;
+	char refused_id[257]; /* VARCHAR(64): up to 256 bytes of UTF-8 */
+	char refused_error[160];
 	/* private: storage */
 	size_t cap;
 	char *buf;

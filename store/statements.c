@@ -101,9 +101,12 @@ static int prepare_one(struct store *s, const char *name, int nparams, const cha
 #define CLAIM_MERGED                                                                  \
 	" c AS (SELECT seq, len FROM (SELECT * FROM kc UNION ALL SELECT * FROM uc) a" \
 	" ORDER BY seq LIMIT $3::int),"
-#define CLAIM_BUDGET                                                                       \
-	" b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) - len AS before" \
-	" FROM c) x WHERE before < $8::bigint)"
+/* The byte budget: the oldest row always, then rows while the bodies, theirs included, fit
+ * $8 (a row is taken only if it fits, not while the bodies before it do: that let every claim
+ * go one row past the budget). */
+#define CLAIM_BUDGET                                                                \
+	" b AS (SELECT seq FROM (SELECT seq, sum(len) OVER (ORDER BY seq) AS upto," \
+	" row_number() OVER (ORDER BY seq) AS i FROM c) x WHERE i = 1 OR upto <= $8::bigint)"
 #define CLAIM_CTES CLAIM_DISARM CLAIM_KEYED CLAIM_UNKEYED CLAIM_MERGED CLAIM_BUDGET
 #define CLAIM_CTES_LEAN \
 	CLAIM_DISARM CLAIM_NO_KEYS CLAIM_UNKEYED " c AS (SELECT seq, len FROM uc)," CLAIM_BUDGET
@@ -188,10 +191,10 @@ static int prepare_full_claim(struct store *s, const char *name, bool lean, cons
  * up to $7 (every row, by sequential or index scan) before it looked at the heads.
  * Both sets are locked (SKIP LOCKED: what another claim holds is stepped around, and the
  * conditions are checked again on the newest version of each row), merged oldest first, cut to
- * the batch ($3) and then to the byte budget ($8, always keeping the first row), and leased
- * under the claim's token ($4) for $5 ms. The disarm CTE lets the wake-up lock go in the same
- * round trip ($1; every advisory lock of the session, which holds no other, and however many
- * times it was taken).
+ * the batch ($3) and then to the byte budget ($8: rows while their bodies fit, and always the
+ * first row), and leased under the claim's token ($4) for $5 ms. The disarm CTE lets the
+ * wake-up lock go in the same round trip ($1; every advisory lock of the session, which holds
+ * no other, and however many times it was taken).
  * With every row comes the watermark's sample (W NULL when no keyed row was found and $11 did
  * not ask for one: none taken), what is left of the lease by the database clock when that row
  * was leased, whether a key looked at has its head above the watermark, and the last key looked

@@ -413,9 +413,9 @@ Test(store, claim_in_seq_order_and_writes_lease)
 	store_free(a);
 }
 
-/* relay.batch_max_bytes: a claim takes rows while the bodies before each one sum to less than
- * the budget (so a row larger than the whole budget still goes, alone), whatever batch_size
- * allows. */
+/* relay.batch_max_bytes: a claim takes rows while their bodies, each row's own included, fit
+ * the budget, whatever batch_size allows; a row larger than the whole budget still goes, first
+ * and alone. (Taking rows while the bodies before each one fit went one row past the budget.) */
 Test(store, claim_stops_at_the_byte_budget)
 {
 	struct store *a = migrated("bytes");
@@ -441,10 +441,14 @@ Test(store, claim_stops_at_the_byte_budget)
 	struct store *r = open_store(o);
 
 	store_batch_init(&b);
-	/* 0 + 400 + 400 < 900: b0, b1 and b2 (the sum before b3 is 1,200). */
+	/* 400 + 400 <= 900, and b2 would make it 1,200: b0 and b1. */
 	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
-	cr_assert_eq(b.n, 3, "claimed %zu rows", b.n);
-	cr_assert_str_eq(b.rows[2].id, "b2");
+	cr_assert_eq(b.n, 2, "claimed %zu rows", b.n);
+	cr_assert_str_eq(b.rows[1].id, "b1");
+	/* b2, and b3 would make it 1,400: b2 alone. */
+	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1, "claimed %zu rows", b.n);
+	cr_assert_str_eq(b.rows[0].id, "b2");
 	/* b3 alone is over the budget: it still goes, first and alone... */
 	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
 	cr_assert_eq(b.n, 1, "claimed %zu rows", b.n);
@@ -452,6 +456,7 @@ Test(store, claim_stops_at_the_byte_budget)
 	/* ...and the rest fit. */
 	cr_assert_eq(store_claim(r, false, &b), 0, "%s", store_errmsg(r));
 	cr_assert_eq(b.n, 2, "claimed %zu rows", b.n);
+	cr_assert_eq(b.n_cut + b.n_refused, 0);
 	store_batch_free(&b);
 	store_free(r);
 	store_free(a);
