@@ -589,7 +589,11 @@ bool worker_nacks_back_off(size_t rows, size_t nacked, bool one_destination)
 /* The outcome of one batch, sorted by what the database must hear. */
 struct settled {
 	size_t n_pub, n_fail, n_rel, n_nacked;
-	bool quiet_nacks; /* a broker condition (worker_nacks_back_off): rows logged at debug */
+	/* Most of a batch of NACKS_BACKOFF_MIN rows or more nacked: its rows are logged at
+	 * debug, the batch once (nacked_most()). back_off: a broker condition
+	 * (worker_nacks_back_off), else one destination's, the first nacked row's. */
+	bool quiet_nacks, back_off;
+	const struct store_row *nacked_row;
 };
 
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
@@ -614,7 +618,9 @@ static void classify(struct worker *w, const struct store_batch *b, struct settl
 			one_destination = strcmp(b->rows[i].exchange, first->exchange) == 0 &&
 			                  strcmp(b->rows[i].routing_key, first->routing_key) == 0;
 	}
-	st->quiet_nacks = worker_nacks_back_off(b->n, nacked, one_destination);
+	st->quiet_nacks = nacked >= NACKS_BACKOFF_MIN && 2 * nacked > b->n;
+	st->back_off = worker_nacks_back_off(b->n, nacked, one_destination);
+	st->nacked_row = first;
 
 	for (size_t i = 0; i < b->n; i++) {
 		const struct store_row *r = &b->rows[i];
@@ -807,11 +813,20 @@ static void settle(struct worker *w, struct store_batch *x, const struct settled
 
 /* Most of a batch nacked, across destinations, is a condition of the broker (quorum queues
  * that lost their majority, a node refusing publishes), not of the rows: retrying row by row
- * would hammer it. Back off the whole connection as after a lost connection. */
+ * would hammer it. Back off the whole connection as after a lost connection. Of one
+ * destination, it is that queue's: its rows back off each by itself, said in one line. */
 static void nacked_most(struct worker *w, const struct store_batch *x, const struct settled *st)
 {
 	if (!st->quiet_nacks)
 		return;
+	if (!st->back_off) {
+		log_event(LOG_WARN, w->component,
+		          "broker refused most of the batch for one destination, its rows back off",
+		          LOG_UINT("nacked", st->n_nacked), LOG_UINT("rows", x->n),
+		          LOG_STR("exchange", st->nacked_row->exchange),
+		          LOG_STR("routing_key", st->nacked_row->routing_key));
+		return;
+	}
 	log_event(LOG_WARN, w->component, "broker refused most of the batch, backing off",
 	          LOG_UINT("nacked", st->n_nacked), LOG_UINT("rows", x->n));
 	broker_disconnect(w->broker);
@@ -1131,11 +1146,11 @@ static void worker_loop(struct worker *w)
 				continue;
 			if (contended) {
 				/* Nobody is armed: pause a moment, then round again to arm. */
-				int64_t pause = w->arm_pause_ms;
+				int64_t nap = w->arm_pause_ms;
 
-				if (pause > cfg->relay_poll_interval_ms)
-					pause = cfg->relay_poll_interval_ms;
-				wait_for_work(w, clock_mono_ms() + pause);
+				if (nap > cfg->relay_poll_interval_ms)
+					nap = cfg->relay_poll_interval_ms;
+				wait_for_work(w, clock_mono_ms() + nap);
 				if (w->arm_pause_ms * 2 <= ARM_PAUSE_MAX_MS)
 					w->arm_pause_ms *= 2;
 				continue;
