@@ -194,9 +194,13 @@ static int fit_batch(struct store *s, const PGresult *res, unsigned char *skip,
 		goto out;
 	}
 	for (int i = 0; i < nt; i++) {
-		if (PQgetisnull(res, i, COL_SEQ) ||
-		    store_parse_int64(PQgetvalue(res, i, COL_SEQ), &order[n].seq) != 0)
-			continue; /* the sample's row; a bad seq fails in parse_batch */
+		if (PQgetisnull(res, i, COL_SEQ))
+			continue; /* the sample's row */
+		if (store_parse_int64(PQgetvalue(res, i, COL_SEQ), &order[n].seq) != 0) {
+			store_set_error(s, "claim returned an unreadable number");
+			rc = STORE_ERR_QUERY;
+			goto out;
+		}
 		order[n++].i = i;
 	}
 	qsort(order, (size_t)n, sizeof(*order), cmp_by_seq);
