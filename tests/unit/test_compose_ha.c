@@ -17,15 +17,20 @@
 
 static const char *const nodes[] = { "rabbitmq1", "rabbitmq2", "rabbitmq3" };
 
-/* docker/compose.ha.yml, found from RELAY_TEST_DATA (tests/data); caller frees. */
-static char *read_compose(void)
+/* docker/<name>, found from RELAY_TEST_DATA (tests/data); caller frees. */
+static char *read_docker_file(const char *name)
 {
 	const char *data = getenv("RELAY_TEST_DATA");
 	char path[4096];
 
 	cr_assert_not_null(data, "RELAY_TEST_DATA must point at tests/data");
-	snprintf(path, sizeof(path), "%s/../../docker/compose.ha.yml", data);
+	snprintf(path, sizeof(path), "%s/../../docker/%s", data, name);
 	return harness_read_file(path);
+}
+
+static char *read_compose(void)
+{
+	return read_docker_file("compose.ha.yml");
 }
 
 static size_t indent_of(const char *line)
@@ -214,9 +219,9 @@ Test(compose_ha, nodes_form_a_cluster_with_one_cookie)
 {
 	char *text = read_compose();
 	char *b = malloc(MAX_BLOCK);
-	char *cfg = malloc(MAX_BLOCK);
+	char *cfg;
 
-	cr_assert(b && cfg);
+	cr_assert(b);
 	for (size_t i = 0; i < 3; i++) {
 		char line[128];
 
@@ -236,6 +241,9 @@ Test(compose_ha, nodes_form_a_cluster_with_one_cookie)
 			cr_expect_not_null(
 			        strstr(b, "rabbitmq1:\n        condition: service_healthy"),
 			        "%s must join a running first node", nodes[i]);
+		/* A bind mount: docker-compose 1.29 ignores configs outside a swarm. */
+		cr_expect_not_null(strstr(b, "- ./rabbitmq-cluster.conf:/etc/rabbitmq/conf.d/"),
+		                   "%s: the cluster config is not mounted in conf.d", nodes[i]);
 	}
 	/* What every node has, from the anchor they merge: the image, the cluster config, a
 	 * health check. */
@@ -249,8 +257,6 @@ Test(compose_ha, nodes_form_a_cluster_with_one_cookie)
 	cr_expect_not_null(strstr(b, "image: rabbitmq:3.10"), "the nodes run RabbitMQ 3.10");
 	cr_expect_not_null(strstr(b, "healthcheck:"), "the nodes have a health check");
 	cr_expect_not_null(strstr(b, "rabbitmq-diagnostics"));
-	cr_expect_not_null(strstr(b, "target: /etc/rabbitmq/conf.d/"), "the cluster config is "
-	                                                               "mounted in conf.d");
 	/* The Erlang cookie: written, the same, into each node's data volume, owner-only. */
 	cr_assert(service(text, "rabbitmq-cookie", b, MAX_BLOCK));
 	cr_expect_not_null(strstr(b, ".erlang.cookie"));
@@ -263,9 +269,8 @@ Test(compose_ha, nodes_form_a_cluster_with_one_cookie)
 	}
 	cr_expect_null(strstr(text, "RABBITMQ_ERLANG_COOKIE"),
 	               "the image's entrypoint refuses RABBITMQ_ERLANG_COOKIE since 3.9");
-	/* Peer discovery from the node list. */
-	cr_assert(block(text, "configs", 2, "rabbitmq_cluster", cfg, MAX_BLOCK),
-	          "no rabbitmq_cluster config");
+	/* Peer discovery from the node list, in the file the nodes mount. */
+	cfg = read_docker_file("rabbitmq-cluster.conf");
 	cr_expect_not_null(strstr(cfg, "cluster_formation.peer_discovery_backend = "
 	                               "classic_config"));
 	for (size_t i = 0; i < 3; i++) {
