@@ -8,7 +8,8 @@ caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
 	procps iproute2 util-linux mount libc-bin clang-format pgbouncer clang libclang-rt-14-dev
-	cppcheck dpkg-dev file systemd adduser man-db groff-base mandoc prometheus)
+	cppcheck dpkg-dev file systemd adduser man-db groff-base mandoc prometheus
+	docker.io docker-compose debootstrap curl)
 # What each stage of tests/run uses beyond a minimal Debian 12 root (debootstrap
 # --variant=minbase bookworm), which has neither procps nor iproute2 nor file:
 # - services and the HA suite: procps (ps), iproute2 (ss), util-linux (runuser, setsid, ipcrm,
@@ -24,7 +25,10 @@ packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-
 #   postinst; man-db, groff-base and mandoc render and lint the man page (tests/unit/test_manpage,
 #   tests/package);
 # - prometheus has promtool, which checks packaging/alerts.yml (its server is never started:
-#   see policy-rc.d).
+#   see policy-rc.d);
+# - the Compose deployment (tests/compose/run): docker.io, docker-compose and debootstrap run it
+#   on a dockerd of the test's own (the package's own docker service is not started), curl
+#   reads the relay's endpoints.
 
 missing=()
 for p in "${packages[@]}"; do
