@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 #include "store/outbox_store.h"
@@ -21,5 +22,16 @@ size_t command_collect_ids(int argc, char **argv, const char **ids);
 /* 2 (usage) with a line on stderr when argv holds an option that is not in known (NULL-
  * terminated), else 0. */
 int command_unknown_args(int argc, char **argv, const char *const *known, const char *cmd);
+
+/* What a replay's --since/--until value is (relay/replay.c): a duration ago (*ago_ms set: a
+ * number with its unit, 30m, 2h, 7d), a time for PostgreSQL to read (anything else; it says
+ * whether it is one), or digits alone (an optional fraction), refused as ambiguous: seconds
+ * ago, or a date written without separators. */
+enum replay_time_kind {
+	REPLAY_TIME_AGO,
+	REPLAY_TIME_AT,
+	REPLAY_TIME_AMBIGUOUS,
+};
+enum replay_time_kind replay_time_kind(const char *text, int64_t *ago_ms);
 
 #endif

@@ -19,12 +19,13 @@
 /* Refused rows and missing ids listed before "and N more". */
 #define REPLAY_LIST_MAX 20
 
-#define REPLAY_USAGE                                                                          \
-	"usage: outbox-relay replay [--since T] [--until T] [--by published|created]\n"       \
-	"         [--exchange X] [--routing-key PATTERN] [--ordering-key K] [--id ID...]\n"   \
-	"         [--dry-run] [--yes]\n"                                                      \
-	"  T is a time (2024-05-01T12:00:00Z; without a zone, UTC) or a duration ago (30m,\n" \
-	"  2h, 7d); PATTERN: '*' matches any run of characters, '?' one, the rest is literal.\n"
+#define REPLAY_USAGE                                                                         \
+	"usage: outbox-relay replay [--since T] [--until T] [--by published|created]\n"      \
+	"         [--exchange X] [--routing-key PATTERN] [--ordering-key K] [--id ID...]\n"  \
+	"         [--dry-run] [--yes]\n"                                                     \
+	"  T is a time (2024-05-01T12:00:00Z; without a zone, UTC) or a duration ago with\n" \
+	"  its unit (30m, 2h, 7d); PATTERN: '*' matches any run of characters, '?' one,\n"   \
+	"  the rest is literal.\n"
 
 struct replay_args {
 	const char *since, *until, *by, *exchange, *routing_key, *ordering_key;
@@ -105,6 +106,29 @@ static int parse_args(int argc, char **argv, struct replay_args *a)
 	return 0;
 }
 
+enum replay_time_kind replay_time_kind(const char *text, int64_t *ago_ms)
+{
+	const char *p = text;
+	bool digit = false;
+
+	/* Digits alone (a fraction included) would be read as seconds ago, and PostgreSQL reads
+	 * some of them as a date: "20240501" meant 20,240,501 seconds (234 days) ago to us and
+	 * 1 May 2024 to the one who typed it. Neither guess is safe for what gets published
+	 * again. */
+	for (; *p >= '0' && *p <= '9'; p++)
+		digit = true;
+	if (*p == '.')
+		for (p++; *p >= '0' && *p <= '9'; p++)
+			digit = true;
+	if (digit && *p == '\0')
+		return REPLAY_TIME_AMBIGUOUS;
+	/* A duration has a unit and never a '-' or a ':', a time always has one of them: no text
+	 * is both. */
+	if (config_parse_duration(text, ago_ms) == 0)
+		return REPLAY_TIME_AGO;
+	return REPLAY_TIME_AT;
+}
+
 /* A time or a duration ago, resolved by the database (its clock, its time parser) into
  * out[cap]: 0, 2 (usage) or 1. */
 static int resolve_time(struct store *s, const char *opt, const char *text, char *out, size_t cap)
@@ -114,11 +138,23 @@ static int resolve_time(struct store *s, const char *opt, const char *text, char
 
 	if (!text)
 		return 0;
-	/* A duration never holds a '-' or a ':', a time always does: no text is both. */
-	if (config_parse_duration(text, &ago) == 0)
+	switch (replay_time_kind(text, &ago)) {
+	case REPLAY_TIME_AMBIGUOUS:
+		fprintf(stderr,
+		        "outbox-relay: replay: %s '%s': digits alone are ambiguous (seconds ago, "
+		        "or a "
+		        "date?): give a duration with its unit (3600s, 30m, 2h, 7d) or a time "
+		        "(2024-05-01, 2024-05-01T12:00:00Z)\n",
+		        opt, text);
+		return 2;
+	case REPLAY_TIME_AGO:
 		rc = store_replay_time(s, NULL, ago, out, cap);
-	else
+		break;
+	case REPLAY_TIME_AT:
+	default:
 		rc = store_replay_time(s, text, 0, out, cap);
+		break;
+	}
 	if (rc == 1) {
 		fprintf(stderr,
 		        "outbox-relay: replay: %s '%s' is neither a time (2024-05-01T12:00:00Z) "

@@ -247,6 +247,45 @@ Test(replay, usage_errors_exit_2, .timeout = 60)
 	fixture_teardown(&t);
 }
 
+/* Digits alone are neither a duration (which unit?) nor a time PostgreSQL should guess at:
+ * "20240501" once meant 20,240,501 seconds ago. Refused with exit 2, and the line says what to
+ * write instead; a unit or a time still works. */
+Test(replay, digits_alone_are_refused_with_the_fix, .timeout = 60)
+{
+	static const char *const refused[] = { "20240501", "3600", "0", "1714521600" };
+	struct fixture t;
+	struct harness_output o;
+
+	fixture_setup(&t, "rp_digits", &(struct fixture_options){ .no_consumer = true });
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		harness_cli(&o, t.table, NULL, "replay", "--dry-run", "--since", refused[i],
+		            (const char *)NULL);
+		fprintf(stderr, "replay --since %s: exit %d: %s", refused[i], o.status, o.err);
+		cr_assert_eq(o.status, 2, "--since %s exited %d: %s%s", refused[i], o.status, o.out,
+		             o.err);
+		cr_assert_not_null(strstr(o.err, "digits alone"), "--since %s: %s", refused[i],
+		                   o.err);
+		cr_assert_not_null(strstr(o.err, "2024-05-01"), "no time example: %s", o.err);
+		cr_assert_not_null(strstr(o.err, "7d"), "no duration example: %s", o.err);
+		harness_output_free(&o);
+		harness_cli(&o, t.table, NULL, "replay", "--dry-run", "--until", refused[i],
+		            (const char *)NULL);
+		cr_assert_eq(o.status, 2, "--until %s exited %d: %s%s", refused[i], o.status, o.out,
+		             o.err);
+		harness_output_free(&o);
+	}
+	/* With a unit, or written as a time, the same digits are fine. */
+	static const char *const accepted[] = { "3600s", "2024-05-01", "20240501T000000Z" };
+	for (size_t i = 0; i < sizeof(accepted) / sizeof(accepted[0]); i++) {
+		harness_cli(&o, t.table, NULL, "replay", "--dry-run", "--since", accepted[i],
+		            (const char *)NULL);
+		cr_assert_eq(o.status, 0, "--since %s exited %d: %s%s", accepted[i], o.status,
+		             o.out, o.err);
+		harness_output_free(&o);
+	}
+	fixture_teardown(&t);
+}
+
 Test(replay, dry_run_prints_the_rows_and_changes_nothing, .timeout = 120)
 {
 	struct fixture t;
