@@ -51,6 +51,9 @@ bool worker_done(const struct worker *w);
  * once. For the shutdown deadline only. */
 void worker_interrupt_broker(struct worker *w);
 void worker_interrupt_store(struct worker *w);
+/* What every claim token of w starts with (store_token_stem()), into out[cap]: 0 or -1. For
+ * the shutdown's release of exactly what this process claimed. */
+int worker_token_stem(const struct worker *w, char *out, size_t cap);
 void worker_free(struct worker *w); /* accepts NULL; the thread must have been joined */
 /* pthread entry point; arg is a struct worker *. Returns NULL. */
 void *worker_main(void *arg);

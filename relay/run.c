@@ -138,23 +138,37 @@ static void summary(struct summary_state *st)
 	st->last_ms = now;
 }
 
-/* Releases whatever this relay id still holds after the loops stopped (rows claimed but
+/* Releases whatever this process's claims still hold after the loops stopped (rows claimed but
  * never published because we were stopping), so another relay takes them at once instead of
- * after the lease. */
-static void release_leases(const struct config *cfg)
+ * after the lease. Exactly this process's: by each loop's token stem, nonce included, so that
+ * a relay given the same relay.id by mistake keeps the rows it is publishing. */
+static void release_leases(const struct config *cfg, struct worker **workers, int n)
 {
+	char(*stems)[STORE_TOKEN_MAX] = calloc((size_t)n, sizeof(*stems));
+	const char **ptrs = calloc((size_t)n, sizeof(*ptrs));
 	struct store_options o;
-	struct store *s;
+	struct store *s = NULL;
+	size_t k = 0;
 
+	if (!stems || !ptrs)
+		goto out;
+	for (int i = 0; i < n; i++)
+		if (workers[i] && worker_token_stem(workers[i], stems[k], sizeof(stems[k])) == 0) {
+			ptrs[k] = stems[k];
+			k++;
+		}
 	relay_store_options(cfg, &g_relay, true, "outbox-relay shutdown", &o);
 	o.channel = "";
 	s = store_new(&o);
 	if (!s)
-		return;
-	if (store_connect(s) < 0 || store_release_all(s) < 0)
+		goto out;
+	if (store_connect(s) < 0 || store_release_claims(s, ptrs, k) < 0)
 		log_event(LOG_WARN, "relay", "could not release leases, they expire by themselves",
 		          LOG_STR("error", store_errmsg(s)));
+out:
 	store_free(s);
+	free(stems);
+	free(ptrs);
 }
 
 void relay_store_options(const struct config *cfg, const struct relay *r, bool admin,
@@ -414,7 +428,7 @@ out:
 		rc = 1;
 	maintenance_stop(maint);
 	if (crew.started > 0) {
-		release_leases(cfg);
+		release_leases(cfg, crew.workers, crew.started);
 		if (rc == 0) {
 			summary(&sum);
 			log_event(LOG_INFO, "relay", "stopped");

@@ -1248,6 +1248,11 @@ void worker_interrupt_store(struct worker *w)
 	store_interrupt(w->store);
 }
 
+int worker_token_stem(const struct worker *w, char *out, size_t cap)
+{
+	return store_token_stem(w->store, out, cap);
+}
+
 void worker_free(struct worker *w)
 {
 	if (!w)

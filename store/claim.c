@@ -378,6 +378,15 @@ static void next_token(struct store *s)
 	         base36(s->token_counter, count, sizeof(count)));
 }
 
+int store_token_stem(const struct store *s, char *out, size_t cap)
+{
+	char nonce[7];
+	int w = snprintf(out, cap, "%s%s.", s->token_prefix,
+	                 base36(s->token_nonce, nonce, sizeof(nonce)));
+
+	return w < 0 || (size_t)w >= cap ? -1 : 0;
+}
+
 /* Where this claim starts among unkeyed rows: the floor asked for, but never above a row the
  * last claim could not see (claim_seen + 1: every row below was visible to it, so a row
  * committed late, after it, is looked at by this one), nor more than a reach of batches below

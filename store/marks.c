@@ -163,15 +163,43 @@ int store_release(struct store *s, const char *token, const char *const *ids, si
 	                           "could not release leases");
 }
 
-int store_release_all(struct store *s)
+int store_release_claims(struct store *s, const char *const *stems, size_t n)
 {
-	const char *params[1] = { s->token_prefix };
+	const char *params[1];
 	int rc;
 
 	if ((rc = store_ensure_prepared(s)) != 0)
 		return rc;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = stems[i] ? strlen(stems[i]) : 0;
+
+		/* A stem ends with the '.' before the counter: anything else could match the
+		 * tokens of another process. */
+		if (len < 3 || stems[i][len - 1] != '.' || !strchr(stems[i], '#')) {
+			store_set_error(s, "internal error: '%s' is not a claim token's stem",
+			                stems[i] ? stems[i] : "");
+			return STORE_ERR_FATAL;
+		}
+	}
+	if (n == 0)
+		return 0;
+	rc = store_text_array(s, STORE_SLOT_IDS, stems, n, store_string_at, false, &params[0]);
+	if (rc != 0)
+		return rc;
 	return store_exec_prepared(s, ST_RELEASE_ALL, 1, params, PGRES_COMMAND_OK, NULL, NULL,
 	                           "could not release leases");
+}
+
+int store_release_all(struct store *s)
+{
+	char stem[STORE_TOKEN_MAX];
+	const char *stems[1] = { stem };
+
+	if (store_token_stem(s, stem, sizeof(stem)) != 0) {
+		store_set_error(s, "internal error: claim token too long");
+		return STORE_ERR_FATAL;
+	}
+	return store_release_claims(s, stems, 1);
 }
 
 static const char *row_id_at(const void *items, size_t i)

@@ -219,9 +219,17 @@ int store_mark_failed(struct store *s, const char *token, const struct store_fai
 /* Releases the leases of ids (attempts unchanged). */
 int store_release(struct store *s, const char *token, const char *const *ids, size_t n)
         __attribute__((warn_unused_result));
-/* Releases every row any claim of this relay id holds (orderly shutdown; admin handles too).
- * Tokens of this relay id start with the same prefix; rows leased by another relay are never
- * touched. */
+/* The part every claim token of this handle starts with, "<relay id>#<nonce>." (the relay id
+ * cut to its first 50 bytes; the nonce is the handle's own, drawn at random), into out[cap]:
+ * 0, or -1 when it does not fit (STORE_TOKEN_MAX always does). */
+int store_token_stem(const struct store *s, char *out, size_t cap);
+/* Releases every row leased by a claim of one of stems (store_token_stem() of the handles
+ * whose claims are to go; borrowed), attempts unchanged: the orderly shutdown's sweep, on any
+ * handle (an admin one too). Matched by the whole stem, nonce included: rows of another
+ * process, also one given the same relay.id, are never touched. */
+int store_release_claims(struct store *s, const char *const *stems, size_t n)
+        __attribute__((warn_unused_result));
+/* store_release_claims() of this handle's own claims. */
 int store_release_all(struct store *s) __attribute__((warn_unused_result));
 /* Extends the lease of b's rows to relay.lease from now and moves b->lease_deadline_ms. Rows
  * no longer b's (another relay claimed them after the lease ran out) are dropped from b: they

@@ -292,22 +292,28 @@ int store_ensure_prepared(struct store *s)
 	                      " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
 	                      t)) != 0)
 		return rc;
-	/* Every claim of this relay id, by the tokens' common prefix; through the unkeyed and
-	 * the key index, since published rows hold no lease (one arm each: this session turns
-	 * bitmap scans off, so an OR of the two would walk the table). The conditions are
-	 * repeated on o, so that a row claimed by someone else meanwhile is checked again on its
-	 * new version and left alone. */
+		/* Every claim of the given stems ($1, "<relay id>#<nonce>."): a token is its stem and a
+	 * counter without a '.', so cutting the token after its last '.' gives its stem exactly,
+	 * and a relay that shares the relay id (or its first 50 bytes) but not the nonce is never
+	 * touched. Through the unkeyed and the key index, since published rows hold no lease (one
+	 * arm each: this session turns bitmap scans off, so an OR of the two would walk the
+	 * table). The conditions are repeated on o, so that a row claimed by someone else
+	 * meanwhile is checked again on its new version and left alone. */
+#define STEM_OF(a) "substring(" a "locked_by FROM '^(.*[.])[^.]*$')"
 	if ((rc = prepare_one(
 	             s, ST_RELEASE_ALL, 1,
 	             "UPDATE %s o SET locked_by = NULL, locked_until = NULL"
 	             " FROM (SELECT seq FROM %s WHERE published_at IS NULL"
-	             " AND ordering_key IS NULL AND starts_with(locked_by, $1::text)"
-	             " UNION ALL SELECT seq FROM %s WHERE published_at IS NULL"
-	             " AND ordering_key IS NOT NULL AND starts_with(locked_by, $1::text)) r"
-	             " WHERE o.seq = r.seq AND o.published_at IS NULL"
-	             " AND starts_with(o.locked_by, $1::text)",
+	             " AND ordering_key IS NULL AND " STEM_OF(
+	                     "") " = ANY($1::text[])"
+	                         " UNION ALL SELECT seq FROM %s WHERE published_at IS NULL"
+	                         " AND ordering_key IS NOT NULL AND " STEM_OF(
+	                                 "") " = ANY($1::text[])) r"
+	                                     " WHERE o.seq = r.seq AND o.published_at IS NULL"
+	                                     " AND " STEM_OF("o.") " = ANY($1::text[])",
 	             t, t, t)) != 0)
 		return rc;
+#undef STEM_OF
 	if ((rc = prepare_one(s, ST_RENEW, 3,
 	                      "UPDATE %s SET locked_until = now() + $3::bigint * interval"
 	                      " '1 millisecond' WHERE id = ANY($1::text[]) AND locked_by = $2::text"

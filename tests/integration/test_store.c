@@ -1014,6 +1014,14 @@ Test(store, release_is_fenced_and_keeps_attempts)
 	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by LIKE 'relay-1#%%'",
 	                     g_table),
 	             3, "another relay id releases nothing");
+	/* The same relay id on another handle (a second process given it by mistake): its
+	 * nonce differs, and its shutdown's sweep releases nothing of x's. */
+	struct store *twin = open_store(opts_for("relay-1", false));
+	cr_assert_eq(store_release_all(twin), 0, "%s", store_errmsg(twin));
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE locked_by LIKE 'relay-1#%%'",
+	                     g_table),
+	             3, "a handle with the same relay id released another's claims");
+	store_free(twin);
 	cr_assert_eq(store_release(x, g_token, ids, 1), 0, "%s", store_errmsg(x));
 	cr_assert_eq(sql_int(g_admin,
 	                     "SELECT count(*) FROM %s WHERE id = 'r1' AND locked_by IS NULL"
