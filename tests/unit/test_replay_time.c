@@ -8,8 +8,8 @@
 
 Test(replay_time, digits_alone_are_ambiguous)
 {
-	static const char *const texts[] = { "20240501", "3600", "0", "1714521600", "1.5", "12.",
-		                             ".5" };
+	static const char *const texts[] = { "20240501", "3600", "0", "1714521600",
+		                             "1.5",      "12.",  ".5" };
 
 	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
 		int64_t ago = -1;
@@ -26,8 +26,8 @@ Test(replay_time, a_duration_with_its_unit_is_ago)
 		const char *text;
 		int64_t ms;
 	} cases[] = {
-		{ "3600s", 3600000 }, { "30m", 1800000 },  { "2h", 7200000 },
-		{ "7d", 604800000 },  { "500ms", 500 },    { "1.5h", 5400000 },
+		{ "3600s", 3600000 }, { "30m", 1800000 }, { "2h", 7200000 },
+		{ "7d", 604800000 },  { "500ms", 500 },   { "1.5h", 5400000 },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
