@@ -286,43 +286,93 @@ int command_keys(const struct config *cfg, int argc, char **argv)
 	                 command_has_flag(argc, argv, "--json"), true);
 }
 
+/* The refusal of rows under a live lease, as one line on stderr: which rows, who holds them
+ * until when, and how to wait or force. */
+static void say_leased(const char *name, bool requeue, const struct store_ids_outcome *o)
+{
+	fprintf(stderr,
+	        "outbox-relay: %s: nothing was changed: %" PRId64 " row%s %s under a relay's "
+	        "lease:",
+	        name, o->leased, o->leased == 1 ? "" : "s", o->leased == 1 ? "is" : "are");
+	for (size_t i = 0; i < o->n_listed; i++)
+		fprintf(stderr, "%s '%s' (leased by '%s' until %s)", i ? "," : "", o->listed[i].id,
+		        o->listed[i].locked_by, o->listed[i].locked_until);
+	if ((int64_t)o->n_listed < o->leased)
+		fprintf(stderr, " and %" PRId64 " more", o->leased - (int64_t)o->n_listed);
+	fprintf(stderr,
+	        "; run the command again once the lease has ended (the relay publishes the row or "
+	        "lets "
+	        "it go), or add --force to %s\n",
+	        requeue ? "reset it now and let that relay finish with it first"
+	                : "delete it now (the relay may still publish it once: it has it in hand)");
+}
+
 static int ids_command(const struct config *cfg, int argc, char **argv, bool requeue)
 {
-	static const char *const known_rq[] = { "--id", "--all-dead", NULL };
-	static const char *const known_ds[] = { "--id", NULL };
+	static const char *const known_rq[] = { "--id", "--all-dead", "--force", NULL };
+	static const char *const known_ds[] = { "--id", "--force", NULL };
 	const char *name = requeue ? "requeue" : "discard";
+	struct store_ids_outcome *out = NULL;
 	struct store_options o;
 	struct store *s;
 	const char **ids;
 	size_t n;
 	bool all_dead = requeue && command_has_flag(argc, argv, "--all-dead");
+	bool force = command_has_flag(argc, argv, "--force");
 	int64_t changed = 0;
 	int rc;
 
 	if ((rc = command_unknown_args(argc, argv, requeue ? known_rq : known_ds, name)))
 		return rc;
 	ids = calloc((size_t)argc + 1, sizeof(*ids));
-	if (!ids)
-		return 1;
-	n = command_collect_ids(argc, argv, ids);
-	if ((n == 0) == !all_dead) {
-		fprintf(stderr, "outbox-relay: usage: %s\n",
-		        requeue ? "requeue --id ID... | --all-dead" : "discard --id ID...");
+	out = calloc(1, sizeof(*out));
+	if (!ids || !out) {
 		free(ids);
+		free(out);
+		return 1;
+	}
+	n = command_collect_ids(argc, argv, ids);
+	if ((n == 0) == !all_dead || (force && all_dead)) {
+		fprintf(stderr, "outbox-relay: usage: %s\n",
+		        requeue ? "requeue --id ID... [--force] | --all-dead"
+		                : "discard --id ID... [--force]");
+		free(ids);
+		free(out);
 		return 2;
 	}
 	s = command_admin_open(cfg, &o);
 	if (!s) {
 		free(ids);
+		free(out);
 		return 1;
 	}
-	rc = requeue ? store_requeue(s, ids, n, all_dead, &changed)
-	             : store_discard(s, ids, n, &changed);
+	if (all_dead)
+		rc = store_requeue(s, NULL, 0, true, &changed);
+	else if (requeue)
+		rc = store_requeue_ids(s, ids, n, force, out);
+	else
+		rc = store_discard_ids(s, ids, n, force, out);
 	free(ids);
-	if (rc < 0)
+	if (rc < 0) {
+		free(out);
 		return command_store_failed(s, name);
-	printf("%s %" PRId64 " row%s\n", requeue ? "requeued" : "discarded", changed,
+	}
+	if (!all_dead && out->leased > 0 && !force) {
+		say_leased(name, requeue, out);
+		free(out);
+		store_free(s);
+		return 1;
+	}
+	if (!all_dead)
+		changed = out->changed;
+	printf("%s %" PRId64 " row%s", requeue ? "requeued" : "discarded", changed,
 	       changed == 1 ? "" : "s");
+	if (!all_dead && out->leased > 0)
+		printf(" (%" PRId64 " under a relay's lease: %s)", out->leased,
+		       requeue ? "that relay finishes with it first"
+		               : "that relay may still publish it once");
+	putchar('\n');
+	free(out);
 	store_free(s);
 	return 0;
 }

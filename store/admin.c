@@ -15,6 +15,9 @@
 /* ISO 8601 in UTC, so the CLI output does not depend on the session's time zone. */
 #define ISO(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 
+/* A row a relay (or a replay) holds right now: its claim's token, and the lease not run out. */
+#define STORE_LIVE_LEASE "(locked_by IS NOT NULL AND locked_until >= now())"
+
 static int parse_double(const char *v, double *out)
 {
 	char *end;
@@ -297,44 +300,190 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
 	return 0;
 }
 
-/* Unpublished rows by id (the primary key) or every dead row (the unpublished rows'
- * indexes). $1 = the
- * ids, or max_attempts. */
+/* Every dead row (the unpublished rows' indexes), $1 = max_attempts; or, with by_id, the
+ * unpublished rows of ids $1 (the primary key) that are not under a live lease: a row under one
+ * (only a forced requeue reaches it) keeps its lease, and its relay finishes with it first. */
 static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
 {
 	return store_format_sql(
 	        s, sql, cap,
 	        "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
-	        " locked_by = NULL, locked_until = NULL WHERE %s",
+	        " locked_by = CASE WHEN " STORE_LIVE_LEASE " THEN locked_by END,"
+	        " locked_until = CASE WHEN " STORE_LIVE_LEASE " THEN locked_until END WHERE %s",
 	        s->table,
 	        all_dead ? STORE_UNPUBLISHED("") " AND attempts >= $1::int"
 	                 : "published_at IS NULL AND id = ANY($1::text[])");
 }
 
-/* ids are borrowed. A requeue also notifies the channel once, so a relay asleep until its
- * next poll picks the rows up now. */
+/* Notifies the channel once, so a relay asleep until its next poll picks requeued rows up now.
+ * The rows are requeued already; a failed notify only delays them to the next poll, so it is
+ * not reported as a failure of the requeue. */
+static void notify_requeued(struct store *s)
+{
+	const char *ch[1] = { s->opts.channel };
+	PGresult *nres;
+
+	if (!s->opts.channel || !s->opts.channel[0])
+		return;
+	nres = PQexecParams(s->conn, "SELECT pg_notify($1, '')", 1, NULL, ch, NULL, NULL, 0);
+	PQclear(nres);
+}
+
+/* Ends the transaction the id commands opened; a failure is what the caller reports. */
+static void rollback(struct store *s)
+{
+	if (store_connected(s))
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+}
+
+/* Locks the unpublished rows of ids ($1) against claims until the transaction ends, and fills o
+ * with those under a live lease (a claim that is publishing them, or a replay's). */
+static int lock_ids(struct store *s, const char *const *params, struct store_ids_outcome *o)
+{
+	char sql[ADMIN_SQL_MAX];
+	PGresult *res = NULL;
+	int rc;
+
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "SELECT id, locked_by, " ISO("locked_until") ", " STORE_LIVE_LEASE
+	                                                          " FROM %s WHERE published_at IS "
+	                                                          "NULL AND id = ANY($1::text[])"
+	                                                          " ORDER BY seq FOR UPDATE",
+	             s->table)) != 0)
+		return rc;
+	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the rows");
+	if (rc != 0)
+		return rc;
+	for (int i = 0; i < PQntuples(res); i++) {
+		struct store_leased *l;
+
+		if (PQgetvalue(res, i, 3)[0] != 't')
+			continue;
+		if (o->n_listed < STORE_LEASED_MAX) {
+			l = &o->listed[o->n_listed++];
+			snprintf(l->id, sizeof(l->id), "%s", PQgetvalue(res, i, 0));
+			snprintf(l->locked_by, sizeof(l->locked_by), "%s", PQgetvalue(res, i, 1));
+			snprintf(l->locked_until, sizeof(l->locked_until), "%s",
+			         PQgetvalue(res, i, 2));
+		}
+		o->leased++;
+	}
+	PQclear(res);
+	return 0;
+}
+
+/* requeue and discard by id, in one transaction: the rows are locked (a claim steps around
+ * them meanwhile), those under a live lease are found, and unless forced nothing is changed
+ * when there are any. */
+static int ids_command(struct store *s, const char *const *ids, size_t n, bool force, bool requeue,
+                       struct store_ids_outcome *out)
+{
+	char sql[ADMIN_SQL_MAX];
+	const char *params[1];
+	PGresult *res = NULL;
+	struct store_ids_outcome *o;
+	int rc;
+
+	o = calloc(1, sizeof(*o));
+	if (!o) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	if (n == 0)
+		goto done;
+	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
+	if (rc == 0)
+		rc = requeue ? requeue_sql(s, false, sql, sizeof(sql))
+		             : store_format_sql(s, sql, sizeof(sql),
+		                                "DELETE FROM %s WHERE published_at IS NULL"
+		                                " AND id = ANY($1::text[])",
+		                                s->table);
+	if (rc != 0)
+		goto out;
+	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL,
+	                     requeue ? "could not requeue" : "could not discard")) != 0)
+		goto out;
+	if ((rc = lock_ids(s, params, o)) != 0)
+		goto failed;
+	if (o->leased > 0 && !force) {
+		rollback(s);
+		goto done;
+	}
+	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res,
+	                requeue ? "could not requeue" : "could not discard");
+	if (rc == 0)
+		rc = changed_count(s, res, &o->changed);
+	if (rc == 0)
+		rc = store_exec(s, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL,
+		                requeue ? "could not requeue" : "could not discard");
+	if (rc != 0)
+		goto failed;
+	if (requeue && o->changed > 0)
+		notify_requeued(s);
+done:
+	*out = *o;
+	rc = 0;
+	goto out;
+failed:
+	rollback(s);
+out:
+	PQclear(res);
+	free(o);
+	return rc;
+}
+
+int store_requeue_ids(struct store *s, const char *const *ids, size_t n, bool force,
+                      struct store_ids_outcome *out)
+{
+	return ids_command(s, ids, n, force, true, out);
+}
+
+int store_discard_ids(struct store *s, const char *const *ids, size_t n, bool force,
+                      struct store_ids_outcome *out)
+{
+	return ids_command(s, ids, n, force, false, out);
+}
+
+/* The unforced id commands as a plain count: rows under a live lease are an error. */
+static int ids_counted(struct store *s, const char *const *ids, size_t n, bool requeue,
+                       int64_t *n_changed)
+{
+	struct store_ids_outcome *o = calloc(1, sizeof(*o));
+	int rc;
+
+	if (!o) {
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	rc = ids_command(s, ids, n, false, requeue, o);
+	if (rc == 0 && o->leased > 0) {
+		store_set_error(s,
+		                "%lld row(s) are under a relay's lease (first: '%s' by '%s' until "
+		                "%s); nothing was changed",
+		                (long long)o->leased, o->listed[0].id, o->listed[0].locked_by,
+		                o->listed[0].locked_until);
+		rc = STORE_ERR_QUERY;
+	} else if (rc == 0) {
+		*n_changed = o->changed;
+	}
+	free(o);
+	return rc;
+}
+
+/* ids are borrowed. */
 int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_dead,
                   int64_t *n_changed)
 {
 	char sql[ADMIN_SQL_MAX], max[16];
-	const char *params[1];
+	const char *params[1] = { max };
 	PGresult *res = NULL;
 	int64_t changed = 0;
 	int rc;
 
-	if (!all_dead && n == 0) {
-		*n_changed = 0;
-		return 0;
-	}
-	if (all_dead) {
-		snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-		params[0] = max;
-	} else {
-		rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false,
-		                      &params[0]);
-		if (rc != 0)
-			goto out;
-	}
+	if (!all_dead)
+		return ids_counted(s, ids, n, true, n_changed);
+	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
 	if ((rc = requeue_sql(s, all_dead, sql, sizeof(sql))) != 0)
 		goto out;
 	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not requeue");
@@ -342,14 +491,8 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 		goto out;
 	if ((rc = changed_count(s, res, &changed)) != 0)
 		goto out;
-	if (changed > 0 && s->opts.channel && s->opts.channel[0]) {
-		const char *ch[1] = { s->opts.channel };
-		/* The rows are requeued already; a failed notify only delays them to the next
-		 * poll, so it is not reported as a failure of the requeue. */
-		PGresult *nres = PQexecParams(s->conn, "SELECT pg_notify($1, '')", 1, NULL, ch,
-		                              NULL, NULL, 0);
-		PQclear(nres);
-	}
+	if (changed > 0)
+		notify_requeued(s);
 	*n_changed = changed;
 	rc = 0;
 out:
@@ -360,33 +503,7 @@ out:
 /* ids are borrowed. Published rows are left to the purge. */
 int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_changed)
 {
-	char sql[ADMIN_SQL_MAX];
-	const char *params[1];
-	PGresult *res = NULL;
-	int64_t changed = 0;
-	int rc;
-
-	if (n == 0) {
-		*n_changed = 0;
-		return 0;
-	}
-	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
-	if (rc != 0)
-		goto out;
-	if ((rc = store_format_sql(
-	             s, sql, sizeof(sql),
-	             "DELETE FROM %s WHERE published_at IS NULL AND id = ANY($1::text[])",
-	             s->table)) != 0)
-		goto out;
-	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not discard");
-	if (rc != 0)
-		goto out;
-	if ((rc = changed_count(s, res, &changed)) != 0)
-		goto out;
-	*n_changed = changed;
-out:
-	PQclear(res);
-	return rc;
+	return ids_counted(s, ids, n, false, n_changed);
 }
 
 /* One slice of the purge: the oldest published rows past the cut-off, found by walking the
