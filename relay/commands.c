@@ -118,6 +118,8 @@ int command_migrate(const struct config *cfg, int argc, char **argv)
 	if (store_migrate(s) < 0)
 		return command_store_failed(s, "migrate");
 	printf("table %s is up to date\n", cfg->database_table);
+	if (store_notice(s)[0])
+		printf("%s\n", store_notice(s));
 	store_free(s);
 	return 0;
 }
@@ -137,6 +139,11 @@ int command_status(const struct config *cfg, int argc, char **argv)
 		return 1;
 	if (store_status(s, &st) < 0)
 		return command_store_failed(s, "read the status");
+	/* The relay refuses such a table: say why here too (the counts still follow). */
+	if ((rc = store_check_sequence(s)) == 1)
+		fprintf(stderr, "outbox-relay: status: warning: %s\n", store_errmsg(s));
+	else if (rc < 0)
+		return command_store_failed(s, "read the seq sequence");
 	if (command_has_flag(argc, argv, "--json")) {
 		json_t *j = json_pack(
 		        "{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table", cfg->database_table,

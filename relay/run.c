@@ -384,6 +384,37 @@ static void serve(struct summary_state *sum)
 	}
 }
 
+/* How long the start-up check of the table may take before the relay starts anyway (its loops
+ * check again when they connect). */
+#define START_CHECK_MS 5000
+
+/* The table checks no retry can fix, before any loop claims: a seq sequence with CACHE > 1
+ * (store_check_sequence()) stops the start with exit 2 and one line naming the sequence and the
+ * fix. A database that cannot be reached, or a table not there yet, is left to the loops,
+ * which connect with backoff and refuse such a table the same way (and so never claim from
+ * it). Returns 0 to go on, or the exit status. */
+static int check_table_at_start(const struct config *cfg)
+{
+	atomic_llong deadline = clock_mono_ms() + START_CHECK_MS;
+	struct store_options o;
+	struct store *s;
+	int rc = 0;
+
+	relay_store_options(cfg, NULL, true, "outbox-relay start-up check", &o);
+	o.channel = "";
+	o.deadline_ms = &deadline;
+	s = store_new(&o);
+	if (!s)
+		return 0;
+	if (store_connect(s) == 0 && store_check_sequence(s) == 1) {
+		log_event(LOG_ERROR, "relay", "cannot relay from this table, not starting",
+		          LOG_STR("table", cfg->database_table), LOG_STR("error", store_errmsg(s)));
+		rc = 2;
+	}
+	store_free(s);
+	return rc;
+}
+
 /* Start, serve, and on the way out (a signal, a loop that cannot relay, or a failure to
  * start) stop in order: the loops finish what is outstanding within relay.shutdown_timeout,
  * the maintenance loop stops, what is still leased is released, and the endpoint goes last
@@ -405,6 +436,9 @@ int command_run(const struct config *cfg, int argc, char **argv)
 	if (install_signals() < 0)
 		goto out;
 	log_start(cfg);
+	if ((rc = check_table_at_start(cfg)) != 0)
+		goto out;
+	rc = 1;
 	atomic_store(&g_metrics.workers, crew.n);
 	notify_setup(stale_after_ms(cfg));
 	if (start_http(cfg, &http) < 0 || start_crew(&crew) < 0)

@@ -704,6 +704,9 @@ int store_resolve_sequence(struct store *s)
 		s->table_key = (int)strtol(PQgetvalue(res, 0, 2), NULL, 10);
 	}
 	PQclear(res);
+	/* The watermark reads this sequence: it must not cache (store_check_sequence()). */
+	if (rc == 0 && (rc = store_check_sequence(s)) == 1)
+		rc = STORE_ERR_FATAL;
 	return rc;
 }
 

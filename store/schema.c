@@ -321,6 +321,21 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "-- room on each page so that lease updates (unindexed columns) stay HOT\n"
 	         "ALTER TABLE %s SET (fillfactor = " FILLFACTOR ");\n\n",
 	         t);
+	/* See store_check_sequence(). */
+	sbuf_add(&b,
+	         "-- seq values handed out one at a time (no CACHE): the relay's ordering "
+	         "watermark\n"
+	         "-- takes the sequence's last value as the highest seq any session holds\n"
+	         "DO $do$\n"
+	         "DECLARE\n"
+	         "  q text := pg_get_serial_sequence('%s', 'seq');\n"
+	         "BEGIN\n"
+	         "  IF (SELECT seqcache FROM pg_sequence WHERE seqrelid = q::regclass) > 1 THEN\n"
+	         "    EXECUTE format('ALTER SEQUENCE %%s CACHE 1', q);\n"
+	         "  END IF;\n"
+	         "END\n"
+	         "$do$;\n\n",
+	         t);
 
 	for (size_t i = 0; i < N_INDEXES; i++)
 		sbuf_add(&b, "CREATE INDEX IF NOT EXISTS %s%s ON %s %s;\n", n, indexes[i].suffix, t,
@@ -390,6 +405,9 @@ struct found {
 	enum state index[N_INDEXES];
 	bool retired[N_RETIRED]; /* a retired index is still there */
 	enum state function, trigger;
+	/* The sequence behind seq (quoted, schema-qualified; "" when none) and its CACHE. */
+	char seq[2 * STORE_NAME_MAX + 8];
+	int64_t seq_cache;
 };
 
 /* One change, with what it does in words for the error message. */
@@ -515,6 +533,11 @@ static int inspect(struct store *s, const struct names *nm, struct found *f)
 	        " FROM t JOIN pg_index i ON i.indrelid = t.oid JOIN pg_class ic ON ic.oid = "
 	        "i.indexrelid"
 	        " UNION ALL SELECT 'f', NULL, f.prosrc, array_to_string(f.proconfig, ';') FROM f"
+	        " UNION ALL SELECT 's', x.q, sq.seqcache::text, NULL FROM (SELECT"
+	        " pg_get_serial_sequence(t.oid::regclass::text, 'seq') AS q FROM t"
+	        " JOIN pg_attribute a ON a.attrelid = t.oid WHERE a.attname = 'seq'"
+	        " AND a.attnum > 0 AND NOT a.attisdropped OFFSET 0) x"
+	        " JOIN pg_sequence sq ON sq.seqrelid = x.q::regclass"
 	        " UNION ALL SELECT 'g', tg.tgname::text, (tg.tgfoid = f.oid)::text,"
 	        " (tg.tgtype = " STORE_WAKEUP_TGTYPE " AND NOT tg.tgdeferrable"
 	        " AND tg.tgqual IS NULL)::text"
@@ -575,6 +598,11 @@ static int inspect(struct store *s, const struct names *nm, struct found *f)
 			free(body.p);
 			break;
 		}
+		case 's':
+			snprintf(f->seq, sizeof(f->seq), "%s", name);
+			if (store_parse_int64(a, &f->seq_cache) != 0)
+				f->seq_cache = 0;
+			break;
 		case 'g':
 			f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT
 			                                                              : DIFFERENT;
@@ -660,6 +688,13 @@ static int plan_changes(struct store *s, const struct names *nm, const struct fo
 			sbuf_add(&a, "ALTER TABLE %s%s", tq, b.p ? b.p : "");
 			free(b.p);
 			plan_add(pl, "add missing columns or defaults", &a);
+		}
+		if (f->seq_cache > 1) {
+			/* SHARE ROW EXCLUSIVE on the sequence: waits for producers' open
+			 * transactions, and their next nextval() waits for it. */
+			memset(&b, 0, sizeof(b));
+			sbuf_add(&b, "ALTER SEQUENCE %s CACHE 1", f->seq);
+			plan_add(pl, "set the seq sequence's CACHE to 1", &b);
 		}
 		if (!f->fillfactor) {
 			/* SHARE UPDATE EXCLUSIVE: producers' inserts do not wait for it. */
@@ -878,6 +913,7 @@ int store_migrate(struct store *s)
 	PGresult *res = NULL;
 	int rc;
 
+	s->notice[0] = '\0';
 	rc = store_require_conn(s);
 	if (rc != 0)
 		goto out;
@@ -902,9 +938,58 @@ int store_migrate(struct store *s)
 	}
 	if ((rc = apply_changes(s, &nm, &f, &pl)) != 0)
 		goto out;
+	if (f.seq_cache > 1)
+		snprintf(s->notice, sizeof(s->notice),
+		         "sequence %s had CACHE %lld and now has CACHE 1; a session that cached "
+		         "values before keeps them until it ends: restart the producers' "
+		         "connections (or run DISCARD SEQUENCES in them) before relays start",
+		         f.seq, (long long)f.seq_cache);
 	rc = build_indexes(s, &nm, &f, pl.n > 0);
 out:
 	PQclear(res);
 	plan_free(&pl);
 	return rc;
+}
+
+/* The ordering watermark (store/watermark.h) takes pg_sequence_last_value() as the highest seq
+ * handed out, and the sequence's lock holders as the transactions that may still commit one
+ * below it. With CACHE n > 1 a session takes n values at once: last_value counts values no
+ * transaction holds yet, and a later transaction of that session draws one of them without any
+ * lock held meanwhile, below rows already committed and published. A key's rows then go out in
+ * seq order, not in the order they were committed (its second row first). */
+int store_check_sequence(struct store *s)
+{
+	const char *params[1] = { s->table };
+	PGresult *res = NULL;
+	int64_t cache = 0;
+	int rc;
+
+	rc = store_exec(
+	        s,
+	        "SELECT x.q, sq.seqcache::text FROM (SELECT pg_get_serial_sequence($1, 'seq')"
+	        " AS q FROM pg_attribute WHERE attrelid = to_regclass($1)"
+	        " AND attname = 'seq' AND attnum > 0 AND NOT attisdropped OFFSET 0) x"
+	        " JOIN pg_sequence sq ON sq.seqrelid = x.q::regclass",
+	        1, params, PGRES_TUPLES_OK, &res, "could not read the seq sequence");
+	if (rc != 0)
+		return rc;
+	if (PQntuples(res) == 1 && store_parse_int64(PQgetvalue(res, 0, 1), &cache) == 0 &&
+	    cache > 1) {
+		const char *q = PQgetvalue(res, 0, 0);
+
+		store_set_error(s,
+		                "sequence %s behind seq of table '%s' has CACHE %lld, which lets a "
+		                "key's rows go out of commit order (a session hands out values it "
+		                "cached earlier); run 'outbox-relay migrate' or ALTER SEQUENCE %s "
+		                "CACHE 1, then restart the producers' connections",
+		                q, s->table, (long long)cache, q);
+		rc = 1;
+	}
+	PQclear(res);
+	return rc;
+}
+
+const char *store_notice(const struct store *s)
+{
+	return s->notice;
 }

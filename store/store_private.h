@@ -148,6 +148,7 @@ struct store {
 	char claim_token[STORE_TOKEN_MAX]; /* the token of the claim in flight */
 	char table[STORE_NAME_MAX];        /* as given, validated: "outbox" or "app.outbox" */
 	char errmsg[STORE_ERRMSG_MAX];
+	char notice[2 * STORE_ERRMSG_MAX]; /* store_notice() */
 	/* Reused text-array literals ({"a","b"}) for the parameters: no allocation per call once
 	 * warm. */
 	char *arr[STORE_SLOT_COUNT];
