@@ -300,9 +300,9 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
 	return 0;
 }
 
-/* Every dead row (the unpublished rows' indexes), $1 = max_attempts; or, with by_id, the
- * unpublished rows of ids $1 (the primary key) that are not under a live lease: a row under one
- * (only a forced requeue reaches it) keeps its lease, and its relay finishes with it first. */
+/* Every dead row (the unpublished rows' indexes), $1 = max_attempts; or the unpublished rows of
+ * ids $1 (the primary key). A lease that has run out is cleared; a live one is kept (only a
+ * forced requeue reaches such a row): its relay finishes with the row first. */
 static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
 {
 	return store_format_sql(
@@ -336,6 +336,11 @@ static void rollback(struct store *s)
 		PQclear(PQexec(s->conn, "ROLLBACK"));
 }
 
+#define LOCKED_UNTIL ISO("locked_until")
+#define LOCK_IDS_SQL                                                           \
+	"SELECT id, locked_by, " LOCKED_UNTIL ", " STORE_LIVE_LEASE " FROM %s" \
+	" WHERE published_at IS NULL AND id = ANY($1::text[]) ORDER BY seq FOR UPDATE"
+
 /* Locks the unpublished rows of ids ($1) against claims until the transaction ends, and fills o
  * with those under a live lease (a claim that is publishing them, or a replay's). */
 static int lock_ids(struct store *s, const char *const *params, struct store_ids_outcome *o)
@@ -344,13 +349,7 @@ static int lock_ids(struct store *s, const char *const *params, struct store_ids
 	PGresult *res = NULL;
 	int rc;
 
-	if ((rc = store_format_sql(
-	             s, sql, sizeof(sql),
-	             "SELECT id, locked_by, " ISO("locked_until") ", " STORE_LIVE_LEASE
-	                                                          " FROM %s WHERE published_at IS "
-	                                                          "NULL AND id = ANY($1::text[])"
-	                                                          " ORDER BY seq FOR UPDATE",
-	             s->table)) != 0)
+	if ((rc = store_format_sql(s, sql, sizeof(sql), LOCK_IDS_SQL, s->table)) != 0)
 		return rc;
 	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the rows");
 	if (rc != 0)
