@@ -23,9 +23,13 @@ static int64_t count(struct fixture *f, const char *cond)
 	return harness_pg_int(f->pg, "SELECT count(*) FROM %s WHERE %s", f->table, cond);
 }
 
-static void expect_refused(struct fixture *f, const char *cmd, const char *id, const char *holder)
+static void expect_refused(struct fixture *f, const char *cmd, const char *id)
 {
 	struct harness_output o;
+	char *holder =
+	        harness_pg_string(f->pg, "SELECT locked_by FROM %s WHERE id = '%s'", f->table, id);
+
+	cr_assert_not_null(holder, "%s is not leased", id);
 
 	harness_cli(&o, f->table, NULL, cmd, "--id", id, "other-id", (const char *)NULL);
 	fprintf(stderr, "%s --id %s (leased): exit %d: %s%s", cmd, id, o.status, o.out, o.err);
@@ -38,6 +42,7 @@ static void expect_refused(struct fixture *f, const char *cmd, const char *id, c
 	cr_assert_eq(strchr(o.err, '\n'), o.err + strlen(o.err) - 1, "%s: not one line: %s", cmd,
 	             o.err);
 	harness_output_free(&o);
+	free(holder);
 }
 
 Test(operator_fencing, discard_and_requeue_never_race_a_relay, .timeout = 600)
@@ -73,7 +78,7 @@ Test(operator_fencing, discard_and_requeue_never_race_a_relay, .timeout = 600)
 	             FAULT_LOG_TIMEOUT_MS);
 	cr_assert_eq(count(&f, "locked_by IS NOT NULL AND locked_until > now()"), 2,
 	             "relay A did not claim the rows");
-	holder = harness_pg_string(f.pg, "SELECT locked_by FROM %s WHERE id = 'fence-discard'",
+	holder = harness_pg_string(f.pg, "SELECT locked_by FROM %s WHERE id = 'fence-requeue'",
 	                           f.table);
 	cr_assert_not_null(holder);
 	/* A failure recorded earlier, for the requeue to reset. */
@@ -83,8 +88,8 @@ Test(operator_fencing, discard_and_requeue_never_race_a_relay, .timeout = 600)
 	        f.table);
 
 	/* Refused, and nothing changed. */
-	expect_refused(&f, "discard", "fence-discard", holder);
-	expect_refused(&f, "requeue", "fence-requeue", holder);
+	expect_refused(&f, "discard", "fence-discard");
+	expect_refused(&f, "requeue", "fence-requeue");
 	cr_assert_eq(count(&f, "id IN ('fence-discard', 'fence-requeue') AND locked_until > now()"),
 	             2);
 	cr_assert_eq(count(&f, "id = 'fence-requeue' AND attempts = 2 AND last_error = 'earlier'"),
