@@ -8,20 +8,10 @@
 #include <amqp.h>
 
 #include "amqp/broker_private.h"
+#include "base/text.h"
 
 /* Everything amqp_parse_url() splits a URL at: inside a part they must be percent-encoded. */
 #define URL_DELIMS ":/@?#[]"
-
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
 
 /* Whether part p (len bytes) holds a character rabbitmq-c would split it at (one of delims) or
  * a '%' it cannot decode; then why says which, naming the part ("the password"), never quoting
@@ -31,8 +21,8 @@ static bool part_wrong(const char *p, size_t len, const char *what, const char *
 {
 	for (size_t i = 0; i < len; i++) {
 		if (p[i] == '%') {
-			int hi = i + 1 < len ? hex_digit(p[i + 1]) : -1;
-			int lo = hi >= 0 && i + 2 < len ? hex_digit(p[i + 2]) : -1;
+			int hi = i + 1 < len ? text_hex_value(p[i + 1]) : -1;
+			int lo = hi >= 0 && i + 2 < len ? text_hex_value(p[i + 2]) : -1;
 
 			if (hi < 0 || lo < 0) {
 				snprintf(why, n,

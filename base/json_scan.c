@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/text.h"
 #include "base/utf8.h"
 
 #define SMALL_OBJECT 16 /* keys compared pairwise, on the stack */
@@ -54,17 +55,6 @@ static void skip_space(struct scan *sc)
 		sc->pos++;
 }
 
-static int hex_value(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* The four hex digits at s[at, at + 4) of a text of len bytes, or -1. */
 static long hex4(const char *s, size_t len, size_t at)
 {
@@ -73,7 +63,7 @@ static long hex4(const char *s, size_t len, size_t at)
 	if (len < 4 || at > len - 4)
 		return -1;
 	for (size_t i = 0; i < 4; i++) {
-		int h = hex_value(s[at + i]);
+		int h = text_hex_value(s[at + i]);
 
 		if (h < 0)
 			return -1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/redact.h"
+#include "base/text.h"
 
 /* More spans than this in one string is not a configuration; the rest is masked whole. */
 #define SPANS_MAX 64
@@ -118,17 +119,6 @@ static char lower(char c)
 	return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
 }
 
-static int hex_value(char c)
-{
-	if (is_digit(c))
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* True when s[a, b) holds one of the characters of set (NUL never counts). */
 static bool has_any(const char *s, size_t a, size_t b, const char *set)
 {
@@ -200,9 +190,9 @@ static enum kw_class classify(const char *kw, size_t len, bool percent)
 	for (size_t i = 0; i < len; i++) {
 		char c = kw[i];
 
-		if (percent && c == '%' && i + 2 < len && hex_value(kw[i + 1]) >= 0 &&
-		    hex_value(kw[i + 2]) >= 0) {
-			c = (char)(hex_value(kw[i + 1]) * 16 + hex_value(kw[i + 2]));
+		if (percent && c == '%' && i + 2 < len && text_hex_value(kw[i + 1]) >= 0 &&
+		    text_hex_value(kw[i + 2]) >= 0) {
+			c = (char)(text_hex_value(kw[i + 1]) * 16 + text_hex_value(kw[i + 2]));
 			i += 2;
 		}
 		if (n + 1 >= sizeof(buf))
@@ -232,9 +222,9 @@ static bool holds_conninfo(const char *p, size_t len, bool percent)
 	if (len > sizeof(buf))
 		return true; /* too long to look at: mask it */
 	for (size_t i = 0; i < len; i++) {
-		if (p[i] == '%' && i + 2 < len && hex_value(p[i + 1]) >= 0 &&
-		    hex_value(p[i + 2]) >= 0) {
-			buf[n++] = (char)(hex_value(p[i + 1]) * 16 + hex_value(p[i + 2]));
+		if (p[i] == '%' && i + 2 < len && text_hex_value(p[i + 1]) >= 0 &&
+		    text_hex_value(p[i + 2]) >= 0) {
+			buf[n++] = (char)(text_hex_value(p[i + 1]) * 16 + text_hex_value(p[i + 2]));
 			i += 2;
 		} else {
 			buf[n++] = p[i];
@@ -633,9 +623,10 @@ static size_t percent_decode(const char *p, size_t len, char *buf)
 	size_t n = 0;
 
 	for (size_t i = 0; i < len; i++) {
-		if (p[i] == '%' && i + 2 < len && hex_value(p[i + 1]) >= 0 &&
-		    hex_value(p[i + 2]) >= 0 && (hex_value(p[i + 1]) | hex_value(p[i + 2])) != 0) {
-			buf[n++] = (char)(hex_value(p[i + 1]) * 16 + hex_value(p[i + 2]));
+		if (p[i] == '%' && i + 2 < len && text_hex_value(p[i + 1]) >= 0 &&
+		    text_hex_value(p[i + 2]) >= 0 &&
+		    (text_hex_value(p[i + 1]) | text_hex_value(p[i + 2])) != 0) {
+			buf[n++] = (char)(text_hex_value(p[i + 1]) * 16 + text_hex_value(p[i + 2]));
 			i += 2;
 		} else {
 			buf[n++] = p[i];

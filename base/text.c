@@ -1,8 +1,19 @@
 /* One-line error texts: flattening a server's message, quoting a user-supplied name (see
- * text.h). */
+ * text.h). Also the one hex digit reader. */
 #include "base/text.h"
 
 #include <string.h>
+
+int text_hex_value(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
 
 void text_one_line(char *s)
 {

@@ -20,4 +20,8 @@ void text_one_line(char *s);
  * with "..." after it. s is borrowed and may hold NUL bytes (shown as '?'). */
 void text_shown(char *out, size_t n, const char *s, size_t len);
 
+/* The value of one hexadecimal digit (either case), or -1 for any other character: the one
+ * reading of a %XX escape or \uXXXX digit for every layer. */
+int text_hex_value(char c);
+
 #endif
