@@ -533,6 +533,22 @@ char *harness_read_file(const char *path)
 	return read_file(path);
 }
 
+void harness_source_path(char *buf, size_t n, const char *rel)
+{
+	const char *data = getenv("RELAY_TEST_DATA");
+
+	cr_assert_not_null(data, "RELAY_TEST_DATA is not set (ctest sets it)");
+	snprintf(buf, n, "%s/../../%s", data, rel);
+}
+
+char *harness_read_source(const char *rel)
+{
+	char path[4096];
+
+	harness_source_path(path, sizeof(path), rel);
+	return harness_read_file(path);
+}
+
 char *harness_relay_log(const struct harness_relay *r)
 {
 	return read_file(r->log_path);

@@ -133,6 +133,11 @@ char *harness_relay_log(const struct harness_relay *r);
 /* The whole file at path as a new NUL-terminated string (free()); fails the test when it
  * cannot be read. */
 char *harness_read_file(const char *path);
+/* The source tree's path of rel, a path relative to the repository's root, into buf (n bytes;
+ * RELAY_TEST_DATA, which ctest sets, is <source>/tests/data). */
+void harness_source_path(char *buf, size_t n, const char *rel);
+/* harness_read_file() of the source tree's rel; new string (free()). */
+char *harness_read_source(const char *rel);
 /* Number of log lines containing needle. */
 int harness_relay_log_count(const struct harness_relay *r, const char *needle);
 /* The first log line containing needle, without its newline; new string (free()), NULL when no

@@ -11,23 +11,6 @@
 #include "config/config.h"
 #include "tests/support/harness.h"
 
-/* The source tree's path of rel (RELAY_TEST_DATA is <source>/tests/data). */
-static void source_path(char *buf, size_t n, const char *rel)
-{
-	const char *data = getenv("RELAY_TEST_DATA");
-
-	cr_assert_not_null(data, "RELAY_TEST_DATA is not set (ctest sets it)");
-	snprintf(buf, n, "%s/../../%s", data, rel);
-}
-
-static char *read_source(const char *rel)
-{
-	char path[4096];
-
-	source_path(path, sizeof(path), rel);
-	return harness_read_file(path);
-}
-
 /* The text with comments blanked out (string and character literals kept as they are), so
  * that a log call quoted in a comment is not taken for one. Modified in place. */
 static void blank_comments(char *s)
@@ -133,7 +116,7 @@ static void collect_messages(struct messages *m)
 	struct dirent *e;
 
 	memset(m, 0, sizeof(*m));
-	source_path(dir_path, sizeof(dir_path), "relay");
+	harness_source_path(dir_path, sizeof(dir_path), "relay");
 	d = opendir(dir_path);
 	cr_assert_not_null(d, "cannot open %s", dir_path);
 	while ((e = readdir(d)) != NULL) {
@@ -145,7 +128,7 @@ static void collect_messages(struct messages *m)
 		    strcmp(e->d_name, "log.c") == 0)
 			continue;
 		snprintf(rel, sizeof(rel), "relay/%s", e->d_name);
-		src = read_source(rel);
+		src = harness_read_source(rel);
 		blank_comments(src);
 		for (const char *const *c = calls; *c; c++) {
 			for (const char *p = src; (p = strstr(p, *c)) != NULL; p++) {
@@ -167,7 +150,7 @@ static void collect_messages(struct messages *m)
 Test(docs, every_log_message_is_in_logs_md)
 {
 	struct messages m;
-	char *logs = read_source("docs/logs.md");
+	char *logs = harness_read_source("docs/logs.md");
 
 	collect_messages(&m);
 	/* A scanner that found next to nothing would pass vacuously. */
@@ -200,7 +183,7 @@ static char *key_row(const char *doc, size_t i)
 
 Test(docs, every_key_has_its_row_with_default_and_help)
 {
-	char *doc = read_source("docs/configuration.md");
+	char *doc = harness_read_source("docs/configuration.md");
 
 	for (size_t i = 0; i < config_key_count(); i++) {
 		char json[512], want[600];
@@ -236,7 +219,7 @@ Test(docs, every_key_has_its_row_with_default_and_help)
 
 Test(docs, no_row_names_an_unknown_key)
 {
-	char *doc = read_source("docs/configuration.md");
+	char *doc = harness_read_source("docs/configuration.md");
 	const char *p = doc;
 	int rows = 0;
 

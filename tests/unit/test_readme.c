@@ -11,25 +11,9 @@
 
 #define README_MAX_LINES 500
 
-static void source_path(char *buf, size_t n, const char *rel)
-{
-	const char *data = getenv("RELAY_TEST_DATA");
-
-	cr_assert_not_null(data, "RELAY_TEST_DATA is not set (ctest sets it)");
-	snprintf(buf, n, "%s/../../%s", data, rel);
-}
-
-static char *read_source(const char *rel)
-{
-	char path[4096];
-
-	source_path(path, sizeof(path), rel);
-	return harness_read_file(path);
-}
-
 Test(readme, at_most_500_lines)
 {
-	char *readme = read_source("README.md");
+	char *readme = harness_read_source("README.md");
 	int lines = 0;
 
 	for (const char *p = readme; *p; p++)
@@ -42,13 +26,13 @@ Test(readme, at_most_500_lines)
 
 Test(readme, links_every_docs_page)
 {
-	char *readme = read_source("README.md");
+	char *readme = harness_read_source("README.md");
 	char dir_path[4096];
 	DIR *d;
 	struct dirent *e;
 	int pages = 0;
 
-	source_path(dir_path, sizeof(dir_path), "docs");
+	harness_source_path(dir_path, sizeof(dir_path), "docs");
 	d = opendir(dir_path);
 	cr_assert_not_null(d, "cannot open %s", dir_path);
 	while ((e = readdir(d)) != NULL) {
@@ -71,8 +55,8 @@ Test(readme, links_every_docs_page)
  * docs/logs.md, whose list test_docs checks against the code. */
 Test(readme, its_log_lines_are_in_logs_md)
 {
-	char *readme = read_source("README.md");
-	char *logs = read_source("docs/logs.md");
+	char *readme = harness_read_source("README.md");
+	char *logs = harness_read_source("docs/logs.md");
 	const char *table = strstr(readme, "| level | message |");
 	int rows = 0;
 
