@@ -26,17 +26,15 @@ static bool part_wrong(const char *p, size_t len, const char *what, const char *
 
 			if (hi < 0 || lo < 0) {
 				snprintf(why, n,
-				         "%s holds a '%%' that does not start a %%XX escape: write "
-				         "a "
-				         "'%%' itself as %%25",
+				         "%s holds a '%%' that does not start a %%XX escape: "
+				         "write a '%%' itself as %%25",
 				         what);
 				return true;
 			}
 			if (hi > 7) {
 				snprintf(why, n,
 				         "%s holds an escape above %%7F, which the AMQP client "
-				         "cannot "
-				         "decode: use ASCII characters there",
+				         "cannot decode: use ASCII characters there",
 				         what);
 				return true;
 			}

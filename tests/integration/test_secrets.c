@@ -108,6 +108,17 @@ static void expect_no_password(const char *pw, const char *what, const char *tex
 	}
 }
 
+/* Whether an AMQP URL with pw written raw as its password is refused: pw holds a URL
+ * delimiter, or a '%' that does not start a %XX escape. */
+static bool raw_refused(const char *pw)
+{
+	for (const char *p = strchr(pw, '%'); p != NULL; p = strchr(p + 1, '%'))
+		if (!p[1] || !strchr("0123456789abcdefABCDEF", p[1]) || !p[2] ||
+		    !strchr("0123456789abcdefABCDEF", p[2]))
+			return true;
+	return strpbrk(pw, ":/@?#[]") != NULL;
+}
+
 /* The environment of one case: a database URL (URI or conninfo) and an AMQP URL, both with
  * pw, pointing at ports where nothing listens. */
 struct secret_env {
@@ -158,12 +169,26 @@ static void config_show(const char *pw, bool conninfo)
 
 	harness_unique_name(table, sizeof(table), "secrets");
 	secret_env(&e, pw, conninfo);
-	/* amqp.url as a list, the second URL with the password raw (but for a comma, which would
-	 * split the list): every URL is redacted. */
 	pct_encode(pw, enc, sizeof(enc));
+	/* amqp.url as a list, the second URL with the password raw (but for a comma, which would
+	 * split the list). A password holding a URL delimiter cannot work raw: the configuration
+	 * refuses it, in a line that names the fault and not the password. */
 	snprintf(list, sizeof(list), "%s,amqps://relay:%s@127.0.0.1:5671", e.amqp,
 	         strchr(pw, ',') ? enc : pw);
 	snprintf(e_list, sizeof(e_list), "OUTBOX_AMQP_URL=%s", list);
+	if (raw_refused(pw)) {
+		harness_cli(&o, table, (const char *const[]){ e.e_db, e_list, NULL }, "config",
+		            "check", NULL);
+		cr_assert_eq(o.status, 2, "a raw '%s' in amqp.url must stop config check: %s", pw,
+		             o.err);
+		cr_assert_not_null(strstr(o.err, "URL 2 of 2: the password holds "), "%s", o.err);
+		expect_no_password(pw, "config check's refusal", o.err);
+		expect_no_password(pw, "config check's stdout", o.out);
+		harness_output_free(&o);
+		snprintf(list, sizeof(list), "%s,amqps://relay:%s@127.0.0.1:5671", e.amqp, enc);
+		snprintf(e_list, sizeof(e_list), "OUTBOX_AMQP_URL=%s", list);
+	}
+	/* Every URL of the list is redacted. */
 	harness_cli(&o, table, (const char *const[]){ e.e_db, e_list, NULL }, "config", "show",
 	            NULL);
 	cr_assert_eq(o.status, 0, "config show exited %d: %s", o.status, o.err);
