@@ -7,15 +7,16 @@ set -euo pipefail
 caller=${1:-install-deps}
 packages=(build-essential cmake pkg-config libpq-dev librabbitmq-dev libjansson-dev
 	libcriterion-dev libmicrohttpd-dev postgresql rabbitmq-server openssl ca-certificates
-	procps iproute2 util-linux mount libc-bin clang-format pgbouncer clang libclang-rt-14-dev
-	cppcheck dpkg-dev file systemd adduser man-db groff-base mandoc prometheus
+	procps iproute2 util-linux mount libc-bin libnss-wrapper clang-format pgbouncer clang
+	libclang-rt-14-dev cppcheck dpkg-dev file systemd adduser man-db groff-base mandoc prometheus
 	docker.io docker-compose debootstrap curl)
 # What each stage of tests/run uses beyond a minimal Debian 12 root (debootstrap
 # --variant=minbase bookworm), which has neither procps nor iproute2 nor file:
 # - services and the HA suite: procps (ps), iproute2 (ss), util-linux (runuser, setsid, ipcrm,
 #   unshare), openssl (the TLS test certificates);
-# - the fault suite gives one relay a hosts file of its own: unshare (util-linux), mount and
-#   getent (libc-bin);
+# - the fault suite gives one relay a hosts file of its own: libnss-wrapper (preloaded; no
+#   mount namespace, so it works alike in a container, a chroot or as another user) and getent
+#   (libc-bin);
 # - fuzzing (tests/fuzz/run): clang with libclang-rt-14-dev, its libFuzzer and sanitizer
 #   runtimes (without it clang cannot link -fsanitize=fuzzer);
 # - the Debian packages and the man page: dpkg-dev has dpkg-shlibdeps (CPack's library
