@@ -142,8 +142,7 @@ static int resolve_time(struct store *s, const char *opt, const char *text, char
 	case REPLAY_TIME_AMBIGUOUS:
 		fprintf(stderr,
 		        "outbox-relay: replay: %s '%s': digits alone are ambiguous (seconds ago, "
-		        "or a "
-		        "date?): give a duration with its unit (3600s, 30m, 2h, 7d) or a time "
+		        "or a date?): give a duration with its unit (3600s, 30m, 2h, 7d) or a time "
 		        "(2024-05-01, 2024-05-01T12:00:00Z)\n",
 		        opt, text);
 		return 2;
