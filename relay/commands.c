@@ -308,8 +308,7 @@ static void say_leased(const char *name, bool requeue, const struct store_ids_ou
 		fprintf(stderr, " and %" PRId64 " more", o->leased - (int64_t)o->n_listed);
 	fprintf(stderr,
 	        "; run the command again once the lease has ended (the relay publishes the row or "
-	        "lets "
-	        "it go), or add --force to %s\n",
+	        "lets it go), or add --force to %s\n",
 	        requeue ? "reset it now and let that relay finish with it first"
 	                : "delete it now (the relay may still publish it once: it has it in hand)");
 }

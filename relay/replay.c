@@ -157,8 +157,7 @@ static int resolve_time(struct store *s, const char *opt, const char *text, char
 	if (rc == 1) {
 		fprintf(stderr,
 		        "outbox-relay: replay: %s '%s' is neither a time (2024-05-01T12:00:00Z) "
-		        "nor a "
-		        "duration (30m, 2h, 7d): %s\n",
+		        "nor a duration (30m, 2h, 7d): %s\n",
 		        opt, text, store_errmsg(s));
 		return 2;
 	}
