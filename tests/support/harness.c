@@ -623,20 +623,34 @@ void harness_migrate(const char *table)
 	harness_output_free(&o);
 }
 
-void harness_cli(struct harness_output *o, const char *table, const char *const *env, ...)
+/* Runs argv with envp to completion, its stdout and stderr into *o. */
+static void run_to_completion(struct harness_output *o, char *const argv[], char *const envp[])
 {
 	static unsigned seq;
 	char out_path[256], err_path[256], dir[64];
-	char *argv[32];
-	struct process_env e = { 0 };
-	va_list ap;
-	int argc = 0;
-	const char *a;
 	pid_t pid;
 
 	log_dir(dir, sizeof(dir));
 	snprintf(out_path, sizeof(out_path), "%s/cli-%ld-%u.out", dir, (long)getpid(), ++seq);
 	snprintf(err_path, sizeof(err_path), "%s/cli-%ld-%u.err", dir, (long)getpid(), seq);
+	pid = spawn(argv, envp, out_path, err_path);
+	o->status = wait_pid(pid, 60000);
+	if (o->status < 0)
+		process_kill(pid);
+	o->out = read_file(out_path);
+	o->err = read_file(err_path);
+	unlink(out_path);
+	unlink(err_path);
+}
+
+void harness_cli(struct harness_output *o, const char *table, const char *const *env, ...)
+{
+	char *argv[32];
+	struct process_env e = { 0 };
+	va_list ap;
+	int argc = 0;
+	const char *a;
+
 	argv[argc++] = (char *)harness_relay_bin();
 	va_start(ap, env);
 	while ((a = va_arg(ap, const char *)) != NULL) {
@@ -646,15 +660,31 @@ void harness_cli(struct harness_output *o, const char *table, const char *const 
 	va_end(ap);
 	argv[argc] = NULL;
 	build_env(&e, table, env);
-	pid = spawn(argv, e.v, out_path, err_path);
+	run_to_completion(o, argv, e.v);
 	process_env_free(&e);
-	o->status = wait_pid(pid, 60000);
-	if (o->status < 0)
-		process_kill(pid);
-	o->out = read_file(out_path);
-	o->err = read_file(err_path);
-	unlink(out_path);
-	unlink(err_path);
+}
+
+void harness_cli_bare(struct harness_output *o, const char *const *env, const char *const *args)
+{
+	static const char *const keep[] = { "PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS",
+		                            NULL };
+	struct process_env e = { 0 };
+	char *argv[32];
+	int argc = 0;
+
+	argv[argc++] = (char *)harness_relay_bin();
+	for (; args[argc - 1]; argc++) {
+		cr_assert(argc < 30, "too many arguments");
+		argv[argc] = (char *)args[argc - 1];
+	}
+	argv[argc] = NULL;
+	for (int i = 0; keep[i]; i++)
+		if (getenv(keep[i]))
+			cr_assert_eq(process_env_setf(&e, keep[i], getenv(keep[i])), 0);
+	for (int i = 0; env && env[i]; i++)
+		cr_assert_eq(process_env_set(&e, env[i]), 0);
+	run_to_completion(o, argv, e.v);
+	process_env_free(&e);
 }
 
 void harness_output_free(struct harness_output *o)

@@ -158,6 +158,11 @@ struct harness_output {
  * environment as harness_relay_start() (table and env as there; table may be NULL, then no
  * OUTBOX_DATABASE_TABLE/CHANNEL is set). Fills *o; free it with harness_output_free(). */
 void harness_cli(struct harness_output *o, const char *table, const char *const *env, ...);
+/* Runs `outbox-relay <args...>` (args NULL-terminated) the same way, in an environment of
+ * PATH, the sanitizer options and env (NULL-terminated "NAME=value", may be NULL) alone: no
+ * test servers, and no OUTBOX_* variable of the caller's shell changes what is tested. For the
+ * command line's unit tests. */
+void harness_cli_bare(struct harness_output *o, const char *const *env, const char *const *args);
 void harness_output_free(struct harness_output *o);
 
 /* ---- test servers (commands from tests/services.sh's env file) ---- */

@@ -7,12 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "amqp/broker.h"
 #include "config/config.h"
 #include "tests/support/harness.h"
-#include "tests/support/process.h"
 
 /* A password holding each character rabbitmq-c splits a URL at, and what the line says. */
 static const struct {
@@ -125,44 +123,13 @@ Test(amqp_url, config_load_names_the_flag_and_the_node)
 	config_errors_clear(&errs);
 }
 
-struct run {
-	int status;
-	char *err; /* owned */
-};
-
-/* The relay binary with args, in an environment of PATH, the sanitizer options and env. */
-static struct run relay(const char *const *env, const char *const *args)
+/* The relay binary with args, in an environment of PATH, the sanitizer options and env alone. */
+static struct harness_output relay(const char *const *env, const char *const *args)
 {
-	const char *bin = getenv("RELAY_TEST_BIN");
-	const char *keep[] = { "PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", NULL };
-	struct process_env e = { 0 };
-	char *argv[16], err_path[] = "/tmp/outbox-url-err.XXXXXX";
-	int err, n = 0;
-	pid_t pid;
-	struct run r;
+	struct harness_output o;
 
-	cr_assert_not_null(bin, "RELAY_TEST_BIN is not set (ctest sets it)");
-	for (int i = 0; keep[i]; i++)
-		if (getenv(keep[i]))
-			cr_assert_eq(process_env_setf(&e, keep[i], getenv(keep[i])), 0);
-	for (int i = 0; env && env[i]; i++)
-		cr_assert_eq(process_env_set(&e, env[i]), 0);
-	argv[n++] = (char *)bin;
-	for (int i = 0; args[i] && n < 15; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-	err = mkstemp(err_path);
-	cr_assert(err >= 0, "mkstemp");
-	pid = process_spawn(argv, e.v, err, err);
-	cr_assert_gt(pid, 0, "could not start %s", bin);
-	r.status = process_wait(pid, 60000, NULL);
-	if (r.status == -1)
-		process_kill(pid);
-	close(err);
-	r.err = harness_read_file(err_path);
-	unlink(err_path);
-	process_env_free(&e);
-	return r;
+	harness_cli_bare(&o, env, args);
+	return o;
 }
 
 Test(amqp_url, config_check_and_run_exit_2_on_a_url_that_can_never_connect)
@@ -180,7 +147,7 @@ Test(amqp_url, config_check_and_run_exit_2_on_a_url_that_can_never_connect)
 	const char *cmds[][3] = { { "config", "check", NULL }, { "run", NULL, NULL } };
 
 	for (size_t i = 0; i < 2; i++) {
-		struct run r = relay(env, cmds[i]);
+		struct harness_output r = relay(env, cmds[i]);
 
 		cr_expect_eq(r.status, 2, "%s exited %d: %s", cmds[i][0], r.status, r.err);
 		cr_expect(strstr(r.err, "amqp.url: got \"amqp://relay:***@127.0.0.1:1\" (env "
@@ -189,13 +156,13 @@ Test(amqp_url, config_check_and_run_exit_2_on_a_url_that_can_never_connect)
 		          "%s said: %s", cmds[i][0], r.err);
 		cr_expect(strstr(r.err, "w0rd") == NULL, "%s shows the password: %s", cmds[i][0],
 		          r.err);
-		free(r.err);
+		harness_output_free(&r);
 	}
 	{
-		struct run r = relay(fixed, cmds[0]);
+		struct harness_output r = relay(fixed, cmds[0]);
 
 		cr_expect_eq(r.status, 0, "config check of the encoded URL exited %d: %s", r.status,
 		             r.err);
-		free(r.err);
+		harness_output_free(&r);
 	}
 }

@@ -4,16 +4,13 @@
  * variables, each example accepted by the relay; the unit's stop timeout covers the default
  * shutdown timeout. Runs the relay binary, needs no server. */
 #include <criterion/criterion.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "config/config.h"
 #include "tests/support/harness.h"
-#include "tests/support/process.h"
 
 /* packaging/<name> in the source tree (found from RELAY_TEST_DATA, tests/data). */
 static void packaging_path(char *buf, size_t n, const char *name)
@@ -24,64 +21,20 @@ static void packaging_path(char *buf, size_t n, const char *name)
 	snprintf(buf, n, "%s/../../packaging/%s", data, name);
 }
 
-struct run {
-	int status;
-	char *out, *err; /* owned */
-};
-
-/* Runs the relay binary with args (NULL-terminated) in an environment of PATH, the sanitizer
- * options and env (NULL-terminated "NAME=value", may be NULL), and nothing else: an OUTBOX_*
- * variable of the caller's shell must not change what is tested. */
-static struct run relay(const char *const *env, const char *const *args)
+/* The relay binary with args, in an environment of PATH, the sanitizer options and env alone. */
+static struct harness_output relay(const char *const *env, const char *const *args)
 {
-	const char *bin = getenv("RELAY_TEST_BIN");
-	const char *keep[] = { "PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", NULL };
-	struct process_env e = { 0 };
-	char *argv[16], out_path[] = "/tmp/outbox-pkg-out.XXXXXX",
-	                err_path[] = "/tmp/outbox-pkg-err.XXXXXX";
-	int out, err, n = 0;
-	pid_t pid;
-	struct run r;
+	struct harness_output o;
 
-	cr_assert_not_null(bin, "RELAY_TEST_BIN is not set (ctest sets it)");
-	for (int i = 0; keep[i]; i++)
-		if (getenv(keep[i]))
-			cr_assert_eq(process_env_setf(&e, keep[i], getenv(keep[i])), 0);
-	for (int i = 0; env && env[i]; i++)
-		cr_assert_eq(process_env_set(&e, env[i]), 0);
-	argv[n++] = (char *)bin;
-	for (int i = 0; args[i] && n < 15; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-	out = mkstemp(out_path);
-	err = mkstemp(err_path);
-	cr_assert(out >= 0 && err >= 0, "mkstemp");
-	pid = process_spawn(argv, e.v, out, err);
-	cr_assert_gt(pid, 0, "could not start %s", bin);
-	r.status = process_wait(pid, 60000, NULL);
-	if (r.status == -1)
-		process_kill(pid);
-	close(out);
-	close(err);
-	r.out = harness_read_file(out_path);
-	r.err = harness_read_file(err_path);
-	unlink(out_path);
-	unlink(err_path);
-	process_env_free(&e);
-	return r;
-}
-
-static void run_free(struct run *r)
-{
-	free(r->out);
-	free(r->err);
+	harness_cli_bare(&o, env, args);
+	return o;
 }
 
 Test(packaging, relay_json_is_what_config_example_prints)
 {
 	char path[4096];
 	char *shipped;
-	struct run r;
+	struct harness_output r;
 
 	packaging_path(path, sizeof(path), "relay.json");
 	shipped = harness_read_file(path);
@@ -90,15 +43,16 @@ Test(packaging, relay_json_is_what_config_example_prints)
 	cr_expect_str_eq(shipped, r.out,
 	                 "packaging/relay.json differs from `outbox-relay config example`: "
 	                 "regenerate it with `outbox-relay config example > packaging/relay.json`");
-	run_free(&r);
+	harness_output_free(&r);
 	free(shipped);
 }
 
 Test(packaging, config_example_ignores_the_environment_and_the_file)
 {
-	struct run plain = relay(NULL, (const char *const[]){ "config", "example", NULL });
+	struct harness_output plain =
+	        relay(NULL, (const char *const[]){ "config", "example", NULL });
 	/* Neither a valid nor a broken setting changes the defaults it prints, nor stops it. */
-	struct run env = relay(
+	struct harness_output env = relay(
 	        (const char *const[]){ "OUTBOX_RELAY_BATCH_SIZE=7", "OUTBOX_NO_SUCH_KEY=1", NULL },
 	        (const char *const[]){ "--config", "/nonexistent/relay.json", "config", "example",
 	                               NULL });
@@ -106,20 +60,20 @@ Test(packaging, config_example_ignores_the_environment_and_the_file)
 	cr_assert_eq(plain.status, 0);
 	cr_assert_eq(env.status, 0, "config example exited %d: %s", env.status, env.err);
 	cr_expect_str_eq(plain.out, env.out);
-	run_free(&plain);
-	run_free(&env);
+	harness_output_free(&plain);
+	harness_output_free(&env);
 }
 
 Test(packaging, relay_json_passes_config_check)
 {
 	char path[4096];
-	struct run r;
+	struct harness_output r;
 
 	packaging_path(path, sizeof(path), "relay.json");
 	r = relay(NULL, (const char *const[]){ "--config", path, "config", "check", NULL });
 	cr_expect_eq(r.status, 0, "config check of %s exited %d: %s", path, r.status, r.err);
 	cr_expect(strstr(r.out, "configuration ok") != NULL, "config check said: %s", r.out);
-	run_free(&r);
+	harness_output_free(&r);
 }
 
 /* The value column of key i's line in `config show` ("%-28s %-40s %s"). */
@@ -144,7 +98,7 @@ static void show_value(const char *show, size_t i, char *buf, size_t n)
 Test(packaging, relay_json_sets_every_key_to_its_default)
 {
 	char path[4096], src[600];
-	struct run with, without;
+	struct harness_output with, without;
 
 	packaging_path(path, sizeof(path), "relay.json");
 	with = relay(NULL, (const char *const[]){ "--config", path, "config", "show", NULL });
@@ -165,8 +119,8 @@ Test(packaging, relay_json_sets_every_key_to_its_default)
 		cr_expect(strstr(with.out, src) != NULL || computed,
 		          "%s does not come from relay.json: %s", config_key_name(i), with.out);
 	}
-	run_free(&with);
-	run_free(&without);
+	harness_output_free(&with);
+	harness_output_free(&without);
 }
 
 /* The variable name of an assignment line "#NAME=value" or "NAME=value"; false otherwise. */
@@ -194,7 +148,7 @@ Test(packaging, environment_file_names_only_keys_and_each_example_is_accepted)
 	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char name[128], base[128], kv[1024];
 		bool commented, known = false;
-		struct run r;
+		struct harness_output r;
 
 		if (!assignment(line, name, sizeof(name), &commented))
 			continue;
@@ -214,7 +168,7 @@ Test(packaging, environment_file_names_only_keys_and_each_example_is_accepted)
 		r = relay((const char *const[]){ kv, NULL },
 		          (const char *const[]){ "config", "check", NULL });
 		cr_expect_eq(r.status, 0, "the example %s is refused: %s", kv, r.err);
-		run_free(&r);
+		harness_output_free(&r);
 		examples++;
 	}
 	cr_expect_geq(examples, 3, "the environment file shows only %d examples", examples);
