@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/redact.h"
+#include "base/text.h"
 #include "tests/fuzz/fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -70,25 +71,16 @@ static size_t pct_encode(const char *s, char *buf)
 	return n;
 }
 
-static int hex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 static void pct_decode(const char *s, char *buf)
 {
 	size_t n = 0;
 
 	for (size_t i = 0; s[i]; i++) {
-		if (s[i] == '%' && s[i + 1] && s[i + 2] && hex(s[i + 1]) >= 0 &&
-		    hex(s[i + 2]) >= 0 && hex(s[i + 1]) * 16 + hex(s[i + 2]) != 0) {
-			buf[n++] = (char)(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+		int hi = s[i] == '%' && s[i + 1] ? text_hex_value(s[i + 1]) : -1;
+		int lo = hi >= 0 && s[i + 2] ? text_hex_value(s[i + 2]) : -1;
+
+		if (lo >= 0 && hi * 16 + lo != 0) {
+			buf[n++] = (char)(hi * 16 + lo);
 			i += 2;
 		} else {
 			buf[n++] = s[i];

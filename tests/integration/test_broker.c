@@ -371,8 +371,6 @@ Test(broker, retried_rows_go_last_and_cost_the_others_no_duplicate)
 Test(broker, full_queue_with_reject_publish_nacks)
 {
 	char full[128];
-	amqp_table_entry_t e[2];
-	amqp_table_t args = { 2, e };
 	struct broker_message m[3] = {
 		msg("nack-1", exchange, "full", "a"),
 		msg("nack-2", exchange, "full", "b"),
@@ -380,14 +378,8 @@ Test(broker, full_queue_with_reject_publish_nacks)
 	};
 	struct broker_result res[3];
 
-	e[0].key = amqp_cstring_bytes("x-max-length");
-	e[0].value.kind = AMQP_FIELD_KIND_I32;
-	e[0].value.value.i32 = 1;
-	e[1].key = amqp_cstring_bytes("x-overflow");
-	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
 	unique(full, sizeof(full), "full");
-	amqp_admin_queue(admin, full, exchange, "full", false, args);
+	amqp_admin_full_queue(admin, full, exchange, "full", 1, false);
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_ACKED);
@@ -732,17 +724,9 @@ Test(broker, many_nacks_are_each_reported)
 	static struct broker_result res[N];
 	static char ids[N][32];
 	char full[128];
-	amqp_table_entry_t e[2];
-	amqp_table_t args = { 2, e };
 
-	e[0].key = amqp_cstring_bytes("x-max-length");
-	e[0].value.kind = AMQP_FIELD_KIND_I32;
-	e[0].value.value.i32 = 1;
-	e[1].key = amqp_cstring_bytes("x-overflow");
-	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
 	unique(full, sizeof(full), "full");
-	amqp_admin_queue(admin, full, exchange, "full", false, args);
+	amqp_admin_full_queue(admin, full, exchange, "full", 1, false);
 	for (size_t i = 0; i < N; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "nacks-%zu", i);
 		m[i] = msg(ids[i], exchange, "full", "x");

@@ -33,16 +33,7 @@
  * queues did with it. Exclusive, so that it goes with the connection if the test fails. */
 static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, const char *exchange)
 {
-	amqp_table_entry_t e[2];
-	amqp_table_t args = { 2, e };
-
-	e[0].key = amqp_cstring_bytes("x-max-length");
-	e[0].value.kind = AMQP_FIELD_KIND_I32;
-	e[0].value.value.i32 = 0;
-	e[1].key = amqp_cstring_bytes("x-overflow");
-	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
-	amqp_admin_queue(c, q, exchange, BINDING_KEY, true, args);
+	amqp_admin_full_queue(c, q, exchange, BINDING_KEY, 0, true);
 }
 
 /* Rows on two routing keys, both bound to the rejecting queue. */

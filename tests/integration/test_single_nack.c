@@ -30,16 +30,7 @@
  * connection. */
 static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, const char *exchange)
 {
-	amqp_table_entry_t e[2];
-	amqp_table_t args = { 2, e };
-
-	e[0].key = amqp_cstring_bytes("x-max-length");
-	e[0].value.kind = AMQP_FIELD_KIND_I32;
-	e[0].value.value.i32 = 0;
-	e[1].key = amqp_cstring_bytes("x-overflow");
-	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
-	amqp_admin_queue(c, q, exchange, "nack.bad", true, args);
+	amqp_admin_full_queue(c, q, exchange, "nack.bad", 0, true);
 }
 
 static void insert_row(struct fixture *f, const char *id, const char *rk)

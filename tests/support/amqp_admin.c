@@ -55,3 +55,18 @@ void amqp_admin_queue(amqp_connection_state_t c, const char *q, const char *exch
 	                amqp_cstring_bytes(key), amqp_empty_table);
 	amqp_admin_check(c, "queue.bind");
 }
+
+void amqp_admin_full_queue(amqp_connection_state_t c, const char *q, const char *exchange,
+                           const char *key, int max_length, bool exclusive)
+{
+	amqp_table_entry_t e[2];
+	amqp_table_t args = { 2, e };
+
+	e[0].key = amqp_cstring_bytes("x-max-length");
+	e[0].value.kind = AMQP_FIELD_KIND_I32;
+	e[0].value.value.i32 = max_length;
+	e[1].key = amqp_cstring_bytes("x-overflow");
+	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[1].value.value.bytes = amqp_cstring_bytes("reject-publish");
+	amqp_admin_queue(c, q, exchange, key, exclusive, args);
+}

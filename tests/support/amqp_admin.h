@@ -20,4 +20,10 @@ void amqp_admin_check(amqp_connection_state_t c, const char *what);
 void amqp_admin_queue(amqp_connection_state_t c, const char *q, const char *exchange,
                       const char *key, bool exclusive, amqp_table_t args);
 
+/* amqp_admin_queue() for a queue that holds max_length messages at most and then rejects
+ * every publish routed to it (x-overflow reject-publish): the broker nacks each such publish.
+ * With max_length 0 it rejects them all. */
+void amqp_admin_full_queue(amqp_connection_state_t c, const char *q, const char *exchange,
+                           const char *key, int max_length, bool exclusive);
+
 #endif
