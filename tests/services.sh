@@ -2,21 +2,9 @@
 # Starts (or stops) one throwaway PostgreSQL and one RabbitMQ for the integration and fault
 # tests, on free loopback ports, so they can run beside any other server on the machine.
 # Usage: tests/services.sh start DIR | stop DIR   (start writes DIR/env with export lines)
+# Sourced (as tests/ha/services.sh does), it only defines its functions: port_busy, free_port,
+# pg_bindir, rmq_bindir, show_log, now_ms and stop_epmd use the caller's die().
 set -euo pipefail
-
-die() {
-	echo "services.sh: $*" >&2
-	exit 1
-}
-
-usage() {
-	echo "usage: $0 start|stop DIR" >&2
-	exit 2
-}
-
-[ $# -eq 2 ] || usage
-cmd=$1
-dir=$2
 
 # True when something accepts connections on 127.0.0.1:$1. ss sees listeners of every user;
 # the /dev/tcp probe is the fallback on systems without iproute2.
@@ -29,15 +17,21 @@ port_busy() {
 	return 1
 }
 
-# Picks a random free port in 20000..44999 into $REPLY (a variable, not output: a command
-# substitution would run in a subshell and forget which ports were already handed out). The
-# range stays below 45000 because rabbitmqctl takes its own distribution port at
-# RABBITMQ_DIST_PORT + 10000 and upwards.
+# A random free port into $REPLY (a variable, not output: a command substitution would run in
+# a subshell and forget which ports were already handed out), below the kernel's ephemeral
+# range: a port in that range can be taken as the local end of any outgoing connection (a CLI
+# tool's, a test's) between being picked and being bound. Also p + 10000 stays below it and
+# free, because rabbitmqctl takes its own distribution port at RABBITMQ_DIST_PORT + 10000 and
+# upwards. With the usual 32768 that is 12767..22767.
 taken_ports=""
+ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)
+port_hi=$((${ephemeral_low:-32768} - 10001))
+port_lo=$((port_hi - 10000))
 free_port() {
-	local p i
-	for i in $(seq 1 200); do
-		p=$((20000 + (RANDOM * 32768 + RANDOM) % 25000))
+	local p _
+	[ "$port_lo" -ge 1024 ] || die "the ephemeral port range starts too low to pick ports below it"
+	for _ in $(seq 1 200); do
+		p=$((port_lo + (RANDOM * 32768 + RANDOM) % (port_hi - port_lo + 1)))
 		case " $taken_ports " in *" $p "*) continue ;; esac
 		if ! port_busy "$p" && ! port_busy $((p + 10000)); then
 			taken_ports="$taken_ports $p"
@@ -46,6 +40,10 @@ free_port() {
 		fi
 	done
 	die "could not find a free loopback port"
+}
+
+now_ms() {
+	date +%s%3N
 }
 
 pg_bindir() {
@@ -267,16 +265,16 @@ export RELAY_TEST_TLS_DIR='$dir/tls'
 EOF
 }
 
-# epmd -kill refuses while a node is still registered; then the process listening on this
-# node's epmd port (and only that one) is signalled directly.
+# Stops the epmd listening on port $1. epmd -kill refuses while a node is still registered;
+# then the process listening on that port (and only that one) is signalled directly.
 stop_epmd() {
-	local port pids
-	port=$(. "$dir/rmq/node.env" && echo "$ERL_EPMD_PORT")
+	local port=$1 pids
 	ERL_EPMD_PORT=$port epmd -port "$port" -kill >/dev/null 2>&1 || true
 	sleep 0.2
 	if command -v ss >/dev/null 2>&1; then
 		pids=$(ss -Htlnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u || true)
 		if [ -n "$pids" ]; then
+			# shellcheck disable=SC2086
 			kill $pids 2>/dev/null || true
 		fi
 	fi
@@ -299,12 +297,28 @@ do_stop() {
 			fi
 		fi
 		# The node's own epmd outlives the node; stop only the one on this node's port.
-		stop_epmd
+		stop_epmd "$(. "$dir/rmq/node.env" && echo "$ERL_EPMD_PORT")"
 	fi
 	rm -rf "$dir"
 	return $rc
 }
 
+# Sourced: the functions only.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+
+die() {
+	echo "services.sh: $*" >&2
+	exit 1
+}
+
+usage() {
+	echo "usage: $0 start|stop DIR" >&2
+	exit 2
+}
+
+[ $# -eq 2 ] || usage
+cmd=$1
+dir=$2
 case $cmd in
 start) do_start ;;
 stop) do_stop ;;

@@ -20,63 +20,17 @@ cmd=$1
 dir=$2
 here=$(cd "$(dirname "$0")" && pwd)
 
-# True when something accepts connections on 127.0.0.1:$1 (as in tests/services.sh).
-port_busy() {
-	local p=$1
-	if command -v ss >/dev/null 2>&1; then
-		[ -n "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && return 0
-	fi
-	(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && return 0
-	return 1
-}
-
-# A random free port into $REPLY, below the kernel's ephemeral range: a port in that range
-# can be taken as the local end of any outgoing connection (a CLI tool's, a test's) between
-# being picked and being bound. Also p + 10000 stays below it, because rabbitmqctl may take its
-# own distribution port there. With the usual 32768 that is 12767..22767.
-taken_ports=""
-ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)
-port_hi=$((${ephemeral_low:-32768} - 10001))
-port_lo=$((port_hi - 10000))
-free_port() {
-	local p _
-	[ "$port_lo" -ge 1024 ] || die "the ephemeral port range starts too low to pick ports below it"
-	for _ in $(seq 1 200); do
-		p=$((port_lo + (RANDOM * 32768 + RANDOM) % (port_hi - port_lo + 1)))
-		case " $taken_ports " in *" $p "*) continue ;; esac
-		if ! port_busy "$p" && ! port_busy $((p + 10000)); then
-			taken_ports="$taken_ports $p"
-			REPLY=$p
-			return 0
-		fi
-	done
-	die "could not find a free loopback port"
-}
-
-now_ms() {
-	date +%s%3N
-}
-
-show_log() {
-	local f
-	for f in "$@"; do
-		[ -f "$f" ] || continue
-		echo "---- last lines of $f ----" >&2
-		tail -n 40 "$f" >&2
-	done
-}
+# port_busy, free_port, pg_bindir, rmq_bindir, show_log, now_ms and stop_epmd: the same as
+# for the single servers of the other suites.
+# shellcheck source=tests/services.sh
+. "$here/../services.sh"
 
 # ---- start ----
 
 write_vars() {
-	local pgbin
-	# shellcheck disable=SC2012
-	pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-	if [ -z "$pgbin" ] || [ ! -x "$pgbin/pg_ctl" ]; then
-		die "PostgreSQL server binaries not found under /usr/lib/postgresql"
-	fi
-	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] ||
-		die "rabbitmq-server not found in /usr/lib/rabbitmq/bin"
+	local pgbin rmqbin
+	pgbin=$(pg_bindir)
+	rmqbin=$(rmq_bindir)
 	free_port
 	pg1=$REPLY
 	free_port
@@ -99,7 +53,7 @@ write_vars() {
 	epmd=$REPLY
 	cat >"$dir/ha.vars" <<EOF
 HA_PGBIN='$pgbin'
-HA_RMQBIN=/usr/lib/rabbitmq/bin
+HA_RMQBIN='$rmqbin'
 HA_PG_PORT1=$pg1
 HA_PG_PORT2=$pg2
 HA_AMQP_PORT1=$amqp1
@@ -330,19 +284,6 @@ leftover_pids() {
 			echo "${p#/proc/}"
 		fi
 	done
-}
-
-stop_epmd() {
-	local port=$1 pids
-	ERL_EPMD_PORT=$port epmd -port "$port" -kill >/dev/null 2>&1 || true
-	sleep 0.2
-	if command -v ss >/dev/null 2>&1; then
-		pids=$(ss -Htlnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u || true)
-		if [ -n "$pids" ]; then
-			# shellcheck disable=SC2086
-			kill $pids 2>/dev/null || true
-		fi
-	fi
 }
 
 do_stop() {
