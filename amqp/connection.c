@@ -362,33 +362,13 @@ static int login_failed(struct broker *b, const struct node *nd, int rc, const c
 	}
 }
 
-/* The AMQP handshake (what amqp_login_with_properties() does), with every wait in
- * next_frame(): protocol header, start / start-ok (SASL PLAIN), tune / tune-ok, open. */
-static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
+/* Start: the broker must speak 0-9-1 and offer PLAIN, the only login we send. */
+static int login_start(struct broker *b, const struct node *nd, int64_t deadline_ms,
+                       const char *what)
 {
-	const char *const cap_names[4] = { "connection.blocked", "publisher_confirms", "basic.nack",
-		                           "authentication_failure_close" };
-	amqp_table_entry_t caps[4], props[3];
-	amqp_connection_start_ok_t start_ok;
-	amqp_connection_tune_ok_t tune_ok;
-	amqp_connection_open_t open;
 	amqp_method_t m;
-	char what[NODE_NAME_MAX + 24];
-	size_t ulen = strlen(nd->ci.user), plen = strlen(nd->ci.password);
-	char *sasl;
-	uint16_t channel_max = 0, heartbeat = 0;
-	uint32_t frame_max = FRAME_MAX;
 	int rc;
 
-	snprintf(what, sizeof(what), "logging in to %s", nd->name);
-	if (b->opts.heartbeat_ms > 0) {
-		int64_t s = (b->opts.heartbeat_ms + 999) / 1000; /* rounded up: never more often */
-
-		heartbeat = s > 65535 ? 65535 : (uint16_t)s;
-	}
-	rc = amqp_send_header(b->conn);
-	if (rc != AMQP_STATUS_OK)
-		return broker_io_failed(b, what, rc);
 	rc = broker_wait_method(b, 0, AMQP_CONNECTION_START_METHOD, deadline_ms, what, &m);
 	if (rc != W_GOT)
 		return login_failed(b, nd, rc, "the protocol header");
@@ -410,6 +390,20 @@ static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
 		}
 	}
 	broker_release_channel(b, 0);
+	return BROKER_OK;
+}
+
+/* Start-ok: the capabilities and connection name the broker shows, and the SASL PLAIN
+ * response, wiped once sent so that the password does not linger on the heap. */
+static int login_start_ok(struct broker *b, const struct node *nd, const char *what)
+{
+	const char *const cap_names[4] = { "connection.blocked", "publisher_confirms", "basic.nack",
+		                           "authentication_failure_close" };
+	amqp_table_entry_t caps[4], props[3];
+	amqp_connection_start_ok_t start_ok;
+	size_t ulen = strlen(nd->ci.user), plen = strlen(nd->ci.password);
+	char *sasl;
+	int rc;
 
 	for (size_t i = 0; i < 4; i++) {
 		caps[i].key = amqp_cstring_bytes(cap_names[i]);
@@ -451,6 +445,20 @@ static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
 	free(sasl);
 	if (rc != AMQP_STATUS_OK)
 		return broker_io_failed(b, what, rc);
+	return BROKER_OK;
+}
+
+/* Tune / tune-ok: a refusal of the credentials arrives here, as the broker's answer to
+ * start-ok (BROKER_ERR_CONFIG: when every node refuses, retrying cannot help); otherwise
+ * settles the limits both sides can live with. heartbeat is ours, in seconds. */
+static int login_tune(struct broker *b, const struct node *nd, int64_t deadline_ms,
+                      const char *what, uint16_t heartbeat)
+{
+	amqp_connection_tune_ok_t tune_ok;
+	amqp_method_t m;
+	uint16_t channel_max = 0;
+	uint32_t frame_max = FRAME_MAX;
+	int rc;
 
 	rc = broker_wait_method(b, 0, AMQP_CONNECTION_TUNE_METHOD, deadline_ms, what, &m);
 	if (rc == W_CONNECTION_CLOSED && b->rpc_close_code == AMQP_ACCESS_REFUSED) {
@@ -485,6 +493,17 @@ static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
 	rc = amqp_send_method(b->conn, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &tune_ok);
 	if (rc != AMQP_STATUS_OK)
 		return broker_io_failed(b, what, rc);
+	return BROKER_OK;
+}
+
+/* Open: a broker that closes the connection here will not let the user into the vhost,
+ * which is a configuration error like a refused login. */
+static int login_open(struct broker *b, const struct node *nd, int64_t deadline_ms,
+                      const char *what)
+{
+	amqp_connection_open_t open;
+	amqp_method_t m;
+	int rc;
 
 	open.virtual_host = amqp_cstring_bytes(nd->ci.vhost);
 	open.capabilities = amqp_empty_bytes;
@@ -500,6 +519,35 @@ static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
 		return login_failed(b, nd, rc, "connection.open");
 	broker_release_channel(b, 0);
 	return BROKER_OK;
+}
+
+/* The AMQP handshake (what amqp_login_with_properties() does), with every wait in
+ * next_frame(): protocol header, start / start-ok (SASL PLAIN), tune / tune-ok, open. */
+static int login(struct broker *b, const struct node *nd, int64_t deadline_ms)
+{
+	char what[NODE_NAME_MAX + 24];
+	uint16_t heartbeat = 0;
+	int rc;
+
+	snprintf(what, sizeof(what), "logging in to %s", nd->name);
+	if (b->opts.heartbeat_ms > 0) {
+		int64_t s = (b->opts.heartbeat_ms + 999) / 1000; /* rounded up: never more often */
+
+		heartbeat = s > 65535 ? 65535 : (uint16_t)s;
+	}
+	rc = amqp_send_header(b->conn);
+	if (rc != AMQP_STATUS_OK)
+		return broker_io_failed(b, what, rc);
+	/* Each step returns BROKER_OK or a negative error, its message set: the first error ends the
+	 * handshake. */
+	rc = login_start(b, nd, deadline_ms, what);
+	if (rc == BROKER_OK)
+		rc = login_start_ok(b, nd, what);
+	if (rc == BROKER_OK)
+		rc = login_tune(b, nd, deadline_ms, what, heartbeat);
+	if (rc == BROKER_OK)
+		rc = login_open(b, nd, deadline_ms, what);
+	return rc;
 }
 
 /* One attempt at one node, within deadline_ms. */
