@@ -275,6 +275,143 @@ static int run_steps(const struct config *cfg, struct store *s, const char *aske
 	}
 }
 
+/* --since and --until resolved by the database into since and until (cap bytes each, ""
+ * when not given), refused when the window is empty: 0, 2 (usage) or 1. */
+static int resolve_window(struct store *s, const struct replay_args *a, char *since, char *until,
+                          size_t cap)
+{
+	int rc;
+
+	if ((rc = resolve_time(s, "--since", a->since, since, cap)) != 0 ||
+	    (rc = resolve_time(s, "--until", a->until, until, cap)) != 0)
+		return rc;
+	/* Both are UTC texts of one shape: they compare as strings. */
+	if (since[0] && until[0] && strcmp(since, until) >= 0) {
+		fprintf(stderr, "outbox-relay: replay: --since (%s) is not before --until (%s)\n",
+		        since, until);
+		return 2;
+	}
+	return 0;
+}
+
+/* The command line's filter as the store takes it; everything in f is borrowed from a and
+ * the resolved texts. */
+static void fill_filter(const struct replay_args *a, const char *since, const char *until,
+                        const char *like, struct store_replay_filter *f)
+{
+	f->by_created = a->by && strcmp(a->by, "created") == 0;
+	f->since = since[0] ? since : NULL;
+	f->until = until[0] ? until : NULL;
+	f->exchange = a->exchange;
+	f->routing_key_like = a->routing_key ? like : NULL;
+	f->ordering_key = a->ordering_key;
+	f->ids = a->ids;
+	f->n_ids = a->n_ids;
+}
+
+/* Selects the rows of filter f (the store keeps them for the next steps) into *selected,
+ * listing the ids asked for that it does not hold: 0, or 1. */
+static int select_rows(struct store *s, const struct store_replay_filter *f, int64_t *selected)
+{
+	struct noted missing = { "id", 0 };
+	int64_t n = 0;
+
+	if (store_replay_select(s, f, &n) < 0 ||
+	    store_replay_missing_ids(s, f->ids, f->n_ids, print_noted, &missing) < 0) {
+		fprintf(stderr, "outbox-relay: replay: could not select the rows: %s\n",
+		        store_errmsg(s));
+		return 1;
+	}
+	print_more(&missing);
+	*selected = n;
+	return 0;
+}
+
+/* Lists the selected rows that cannot carry the replay header, their count into *n_refused:
+ * 0, or 1. */
+static int count_refused(struct store *s, int64_t *n_refused)
+{
+	struct noted refused = { "row", 0 };
+	int64_t n = 0;
+
+	if (store_replay_refused(s, print_noted, &refused, &n) < 0) {
+		fprintf(stderr, "outbox-relay: replay: could not check the rows: %s\n",
+		        store_errmsg(s));
+		return 1;
+	}
+	print_more(&refused);
+	*n_refused = n;
+	return 0;
+}
+
+/* --dry-run: lists the selected rows and says what a replay would do, changing nothing: 0,
+ * or 1. */
+static int print_dry_run(const struct config *cfg, struct store *s, int64_t selected,
+                         int64_t n_refused)
+{
+	puts("id\texchange\trouting_key\tordering_key\tpublished_at");
+	if (store_replay_list(s, print_row, NULL) < 0) {
+		fprintf(stderr, "outbox-relay: replay: could not list the rows: %s\n",
+		        store_errmsg(s));
+		return 1;
+	}
+	printf("would replay %" PRId64 " row%s of table '%s' (dry run: nothing changed)\n",
+	       selected, selected == 1 ? "" : "s", cfg->database_table);
+	if (n_refused > 0)
+		printf("%" PRId64 " of them cannot carry the replay header (see above): the "
+		       "replay would be refused\n",
+		       n_refused);
+	if (selected > REPLAY_CONFIRM_ROWS)
+		printf("over %d rows: the replay needs --yes\n", REPLAY_CONFIRM_ROWS);
+	return 0;
+}
+
+/* Refuses a large replay without --yes, and one that the refused rows would make fail
+ * half-way: 0 to go ahead, 2 (usage) or 1. */
+static int check_go_ahead(const struct replay_args *a, int64_t selected, int64_t n_refused)
+{
+	if (selected > REPLAY_CONFIRM_ROWS && !a->yes) {
+		fprintf(stderr,
+		        "outbox-relay: replay: %" PRId64
+		        " rows match; replaying more than %d needs "
+		        "--yes (see them with --dry-run)\n",
+		        selected, REPLAY_CONFIRM_ROWS);
+		return 2;
+	}
+	if (n_refused > 0) {
+		fprintf(stderr,
+		        "outbox-relay: replay: refused: %" PRId64
+		        " selected row%s cannot carry the "
+		        "replay header; fix their headers or leave them out. Nothing was "
+		        "replayed\n",
+		        n_refused, n_refused == 1 ? "" : "s");
+		return 1;
+	}
+	return 0;
+}
+
+/* Tells the operator what the replay did, and what to do about keys it left out. */
+static void print_replayed(const struct config *cfg, struct store *s, const char *asked_at,
+                           const struct store_replay_progress *p)
+{
+	printf("replayed %" PRId64 " row%s of table '%s'; the relay publishes them again with "
+	       "header %s: %s\n",
+	       p->replayed, p->replayed == 1 ? "" : "s", cfg->database_table, STORE_REPLAY_HEADER,
+	       asked_at);
+	if (p->gone > 0)
+		printf("%" PRId64 " selected row%s no longer published when %s turn came (purged, "
+		       "or replayed by another replay)\n",
+		       p->gone, p->gone == 1 ? " was" : "s were", p->gone == 1 ? "its" : "their");
+	if (p->left > 0) {
+		if (store_replay_skipped(s, print_skipped, NULL) < 0)
+			fprintf(stderr, "outbox-relay: replay: could not list the keys left: %s\n",
+			        store_errmsg(s));
+		printf("%" PRId64 " key%s not replayed within relay.lease; replay them again "
+		       "later (e.g. --ordering-key K)\n",
+		       p->left_keys, p->left_keys == 1 ? "" : "s");
+	}
+}
+
 int command_replay(const struct config *cfg, int argc, char **argv)
 {
 	struct replay_args a = { 0 };
@@ -282,7 +419,6 @@ int command_replay(const struct config *cfg, int argc, char **argv)
 	struct store_replay_progress p = { 0 };
 	struct store_options o;
 	struct store *s = NULL;
-	struct noted missing = { "id", 0 }, refused = { "row", 0 };
 	char since[64] = "", until[64] = "", asked_at[64] = "", like[1024];
 	int64_t selected = 0, n_refused = 0;
 	int rc;
@@ -306,32 +442,12 @@ int command_replay(const struct config *cfg, int argc, char **argv)
 		fprintf(stderr, "outbox-relay: replay: could not start: %s\n", store_errmsg(s));
 		goto out;
 	}
-	if ((rc = resolve_time(s, "--since", a.since, since, sizeof(since))) != 0 ||
-	    (rc = resolve_time(s, "--until", a.until, until, sizeof(until))) != 0)
+	if ((rc = resolve_window(s, &a, since, until, sizeof(since))) != 0)
 		goto out;
-	/* Both are UTC texts of one shape: they compare as strings. */
-	if (since[0] && until[0] && strcmp(since, until) >= 0) {
-		fprintf(stderr, "outbox-relay: replay: --since (%s) is not before --until (%s)\n",
-		        since, until);
-		rc = 2;
-		goto out;
-	}
-	f.by_created = a.by && strcmp(a.by, "created") == 0;
-	f.since = since[0] ? since : NULL;
-	f.until = until[0] ? until : NULL;
-	f.exchange = a.exchange;
-	f.routing_key_like = a.routing_key ? like : NULL;
-	f.ordering_key = a.ordering_key;
-	f.ids = a.ids;
-	f.n_ids = a.n_ids;
+	fill_filter(&a, since, until, like, &f);
 	rc = 1;
-	if (store_replay_select(s, &f, &selected) < 0 ||
-	    store_replay_missing_ids(s, a.ids, a.n_ids, print_noted, &missing) < 0) {
-		fprintf(stderr, "outbox-relay: replay: could not select the rows: %s\n",
-		        store_errmsg(s));
+	if (select_rows(s, &f, &selected) != 0)
 		goto out;
-	}
-	print_more(&missing);
 	if (selected == 0) {
 		printf("nothing to replay: no published row retained in table '%s' matches%s\n",
 		       cfg->database_table,
@@ -343,49 +459,15 @@ int command_replay(const struct config *cfg, int argc, char **argv)
 		rc = 0;
 		goto out;
 	}
-	if (store_replay_refused(s, print_noted, &refused, &n_refused) < 0) {
-		fprintf(stderr, "outbox-relay: replay: could not check the rows: %s\n",
-		        store_errmsg(s));
+	if (count_refused(s, &n_refused) != 0)
 		goto out;
-	}
-	print_more(&refused);
 	if (a.dry_run) {
-		puts("id\texchange\trouting_key\tordering_key\tpublished_at");
-		if (store_replay_list(s, print_row, NULL) < 0) {
-			fprintf(stderr, "outbox-relay: replay: could not list the rows: %s\n",
-			        store_errmsg(s));
-			goto out;
-		}
-		printf("would replay %" PRId64 " row%s of table '%s' (dry run: nothing changed)\n",
-		       selected, selected == 1 ? "" : "s", cfg->database_table);
-		if (n_refused > 0)
-			printf("%" PRId64
-			       " of them cannot carry the replay header (see above): the "
-			       "replay would be refused\n",
-			       n_refused);
-		if (selected > REPLAY_CONFIRM_ROWS)
-			printf("over %d rows: the replay needs --yes\n", REPLAY_CONFIRM_ROWS);
-		rc = 0;
+		rc = print_dry_run(cfg, s, selected, n_refused);
 		goto out;
 	}
-	if (selected > REPLAY_CONFIRM_ROWS && !a.yes) {
-		fprintf(stderr,
-		        "outbox-relay: replay: %" PRId64
-		        " rows match; replaying more than %d needs "
-		        "--yes (see them with --dry-run)\n",
-		        selected, REPLAY_CONFIRM_ROWS);
-		rc = 2;
+	if ((rc = check_go_ahead(&a, selected, n_refused)) != 0)
 		goto out;
-	}
-	if (n_refused > 0) {
-		fprintf(stderr,
-		        "outbox-relay: replay: refused: %" PRId64
-		        " selected row%s cannot carry the "
-		        "replay header; fix their headers or leave them out. Nothing was "
-		        "replayed\n",
-		        n_refused, n_refused == 1 ? "" : "s");
-		goto out;
-	}
+	rc = 1;
 	p.left = selected;
 	if (run_steps(cfg, s, asked_at, &p) < 0) {
 		fprintf(stderr,
@@ -395,22 +477,7 @@ int command_replay(const struct config *cfg, int argc, char **argv)
 		log_replay(cfg, &a, since, until, asked_at, selected, &p, store_errmsg(s));
 		goto out;
 	}
-	printf("replayed %" PRId64 " row%s of table '%s'; the relay publishes them again with "
-	       "header %s: %s\n",
-	       p.replayed, p.replayed == 1 ? "" : "s", cfg->database_table, STORE_REPLAY_HEADER,
-	       asked_at);
-	if (p.gone > 0)
-		printf("%" PRId64 " selected row%s no longer published when %s turn came (purged, "
-		       "or replayed by another replay)\n",
-		       p.gone, p.gone == 1 ? " was" : "s were", p.gone == 1 ? "its" : "their");
-	if (p.left > 0) {
-		if (store_replay_skipped(s, print_skipped, NULL) < 0)
-			fprintf(stderr, "outbox-relay: replay: could not list the keys left: %s\n",
-			        store_errmsg(s));
-		printf("%" PRId64 " key%s not replayed within relay.lease; replay them again "
-		       "later (e.g. --ordering-key K)\n",
-		       p.left_keys, p.left_keys == 1 ? "" : "s");
-	}
+	print_replayed(cfg, s, asked_at, &p);
 	log_replay(cfg, &a, since, until, asked_at, selected, &p, NULL);
 	rc = 0;
 out:
