@@ -187,45 +187,41 @@ static const struct {
 	{ "healthcheck", command_healthcheck },
 };
 
-int main(int argc, char **argv)
-{
-	const char **sets = NULL;
-	size_t nsets = 0;
-	const char *file = NULL;
-	const char *cmd = NULL;
-	char **rest = NULL;
-	int nrest = 0;
-	command_fn fn = NULL;
-	struct config_sources src;
-	struct config_errors errs = { 0 };
-	struct config *cfg = NULL;
-	int rc = 2;
+/* The words of the command line sorted into what configures the relay and what is the
+ * command's. */
+struct command_line {
+	const char **sets; /* --set values, room for argc */
+	size_t nsets;
+	const char *file; /* --config, or NULL */
+	const char *cmd;  /* NULL when none was given */
+	char **rest;      /* the command's words, room for argc */
+	int nrest;
+};
 
-	sets = calloc((size_t)argc + 1, sizeof(*sets));
-	rest = calloc((size_t)argc + 1, sizeof(*rest));
-	if (!sets || !rest) {
-		fputs("outbox-relay: out of memory\n", stderr);
-		rc = 1;
-		goto out;
-	}
-	/* --config and --set may stand anywhere; the first other word is the command and the
-	 * remaining words belong to it. */
+/* --config and --set may stand anywhere; the first other word is the command and the
+ * remaining words belong to it. 0, or 2 (usage) with the reason on stderr. */
+static int parse_command_line(int argc, char **argv, struct command_line *cl)
+{
+	const char *file = NULL, *cmd = NULL;
+	size_t nsets = 0;
+	int nrest = 0;
+
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 
 		if (strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0) {
 			if (i + 1 >= argc) {
 				fprintf(stderr, "outbox-relay: %s needs a value\n%s", a, usage);
-				goto out;
+				return 2;
 			}
 			if (a[2] == 'c')
 				file = argv[++i];
 			else
-				sets[nsets++] = argv[++i];
+				cl->sets[nsets++] = argv[++i];
 		} else if (strncmp(a, "--config=", 9) == 0) {
 			file = a + 9;
 		} else if (strncmp(a, "--set=", 6) == 0) {
-			sets[nsets++] = a + 6;
+			cl->sets[nsets++] = a + 6;
 		} else if (!cmd && (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)) {
 			cmd = "help";
 		} else if (!cmd && strcmp(a, "--version") == 0) {
@@ -233,11 +229,59 @@ int main(int argc, char **argv)
 		} else if (!cmd && a[0] != '-') {
 			cmd = a;
 		} else {
-			rest[nrest++] = argv[i];
+			cl->rest[nrest++] = argv[i];
 		}
 	}
-	if (!cmd)
-		cmd = "run";
+	cl->file = file;
+	cl->cmd = cmd;
+	cl->nsets = nsets;
+	cl->nrest = nrest;
+	return 0;
+}
+
+/* The configuration snapshot from every source, or NULL with each error on stderr: a relay
+ * must not start on a configuration it half understood. */
+static struct config *load_config(const struct command_line *cl)
+{
+	struct config_sources src;
+	struct config_errors errs = { 0 };
+	struct config *cfg;
+
+	src.file = cl->file;
+	src.sets = cl->sets;
+	src.nsets = cl->nsets;
+	src.environ = (const char *const *)environ;
+	/* A URL the AMQP client cannot read would fail every connect: refuse it at start. */
+	src.check_amqp_url = broker_check_url;
+	cfg = config_load(&src, &errs);
+	if (!cfg) {
+		for (size_t i = 0; i < errs.n; i++)
+			fprintf(stderr, "outbox-relay: configuration: %s\n", errs.lines[i]);
+		fprintf(stderr, "outbox-relay: %zu configuration error%s, not starting\n", errs.n,
+		        errs.n == 1 ? "" : "s");
+		config_errors_clear(&errs);
+	}
+	return cfg;
+}
+
+int main(int argc, char **argv)
+{
+	struct command_line cl = { 0 };
+	const char *cmd;
+	command_fn fn = NULL;
+	struct config *cfg = NULL;
+	int rc = 2;
+
+	cl.sets = calloc((size_t)argc + 1, sizeof(*cl.sets));
+	cl.rest = calloc((size_t)argc + 1, sizeof(*cl.rest));
+	if (!cl.sets || !cl.rest) {
+		fputs("outbox-relay: out of memory\n", stderr);
+		rc = 1;
+		goto out;
+	}
+	if (parse_command_line(argc, argv, &cl) != 0)
+		goto out;
+	cmd = cl.cmd ? cl.cmd : "run";
 	if (strcmp(cmd, "help") == 0) {
 		fputs(usage, stdout);
 		rc = 0;
@@ -248,7 +292,7 @@ int main(int argc, char **argv)
 		rc = 0;
 		goto out;
 	}
-	if (strcmp(cmd, "config") == 0 && nrest == 1 && strcmp(rest[0], "example") == 0) {
+	if (strcmp(cmd, "config") == 0 && cl.nrest == 1 && strcmp(cl.rest[0], "example") == 0) {
 		rc = config_example();
 		goto out;
 	}
@@ -260,27 +304,15 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	src.file = file;
-	src.sets = sets;
-	src.nsets = nsets;
-	src.environ = (const char *const *)environ;
-	/* A URL the AMQP client cannot read would fail every connect: refuse it at start. */
-	src.check_amqp_url = broker_check_url;
-	cfg = config_load(&src, &errs);
-	if (!cfg) {
-		for (size_t i = 0; i < errs.n; i++)
-			fprintf(stderr, "outbox-relay: configuration: %s\n", errs.lines[i]);
-		fprintf(stderr, "outbox-relay: %zu configuration error%s, not starting\n", errs.n,
-		        errs.n == 1 ? "" : "s");
-		config_errors_clear(&errs);
+	cfg = load_config(&cl);
+	if (!cfg)
 		goto out;
-	}
 	log_setup((enum log_level)cfg->log_level,
 	          cfg->log_format == CONFIG_LOG_JSON ? LOG_FORMAT_JSON : LOG_FORMAT_TEXT);
-	rc = fn(cfg, nrest, rest);
+	rc = fn(cfg, cl.nrest, cl.rest);
 out:
 	config_free(cfg);
-	free(sets);
-	free(rest);
+	free(cl.sets);
+	free(cl.rest);
 	return rc;
 }
