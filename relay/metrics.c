@@ -209,7 +209,8 @@ static void render_nodes(struct outbuf *o, int workers)
 	}
 }
 
-char *metrics_render(const char *version)
+/* What the relay did since it started: counters and latency histograms. */
+static void render_activity(struct outbuf *o, struct metrics *m)
 {
 	static const char *const reasons[METRICS_FAIL_REASONS] = {
 		"nacked",
@@ -217,40 +218,34 @@ char *metrics_render(const char *version)
 		"refused",
 		"invalid",
 	};
-	struct metrics *m = &g_metrics;
-	struct outbuf o = { 0 };
-	char ver[256];
-	int workers, db, broker;
-	char *result = NULL;
 
-	o.cap = 8192;
-	o.p = malloc(o.cap);
-	if (o.p == NULL)
-		goto out;
-
-	counter(&o, "outbox_relay_published_total", "Messages confirmed by the broker.",
+	counter(o, "outbox_relay_published_total", "Messages confirmed by the broker.",
 	        &m->published);
-	header(&o, "outbox_relay_failed_total", "counter",
+	header(o, "outbox_relay_failed_total", "counter",
 	       "Failed publishes by reason; nacked ones are the broker's own failures and do "
 	       "not count toward relay.max_attempts.");
 	for (size_t i = 0; i < METRICS_FAIL_REASONS; i++)
-		out_printf(&o, "outbox_relay_failed_total{reason=\"%s\"} %llu\n", reasons[i],
+		out_printf(o, "outbox_relay_failed_total{reason=\"%s\"} %llu\n", reasons[i],
 		           load_u(&m->failed[i]));
-	counter(&o, "outbox_relay_dead_total",
+	counter(o, "outbox_relay_dead_total",
 	        "Rows that went dead (attempts exhausted or invalid).", &m->dead);
-	counter(&o, "outbox_relay_claimed_total", "Rows claimed under a lease.", &m->claimed);
-	counter(&o, "outbox_relay_released_total", "Leases released without publishing.",
+	counter(o, "outbox_relay_claimed_total", "Rows claimed under a lease.", &m->claimed);
+	counter(o, "outbox_relay_released_total", "Leases released without publishing.",
 	        &m->released);
-	counter(&o, "outbox_relay_skipped_dead_total",
+	counter(o, "outbox_relay_skipped_dead_total",
 	        "Keyed rows set aside under relay.ordering=skip-dead.", &m->skipped_dead);
-	counter(&o, "outbox_relay_replayed_total",
+	counter(o, "outbox_relay_replayed_total",
 	        "Rows published again because of outbox-relay replay (confirmed by the broker).",
 	        &m->replayed);
-	histogram(&o, "outbox_relay_batch_duration_seconds",
+	histogram(o, "outbox_relay_batch_duration_seconds",
 	          "Time from claiming a batch to marking it.", &m->batch_duration);
-	histogram(&o, "outbox_relay_confirm_latency_seconds",
+	histogram(o, "outbox_relay_confirm_latency_seconds",
 	          "Time from publishing a batch to the broker's confirms.", &m->confirm_latency);
+}
 
+/* The outbox table as the maintenance loop last counted it. */
+static void render_table(struct outbuf *o, struct metrics *m)
+{
 	/* Table gauges read 0 before the first refresh, which would look like an empty
 	 * outbox; leave them out until they mean something. */
 	if (load_ll(&m->table_stats_at_ms) != 0) {
@@ -259,41 +254,64 @@ char *metrics_render(const char *version)
 		if (age_ms < 0) /* clock skew between the database and us */
 			age_ms = 0;
 
-		gauge(&o, "outbox_relay_pending_rows", "Unpublished rows that are not dead.",
+		gauge(o, "outbox_relay_pending_rows", "Unpublished rows that are not dead.",
 		      load_ll(&m->pending));
-		gauge(&o, "outbox_relay_leased_rows", "Pending rows currently under a lease.",
+		gauge(o, "outbox_relay_leased_rows", "Pending rows currently under a lease.",
 		      load_ll(&m->leased));
-		gauge(&o, "outbox_relay_dead_rows", "Rows waiting for an operator.",
+		gauge(o, "outbox_relay_dead_rows", "Rows waiting for an operator.",
 		      load_ll(&m->dead_rows));
-		gauge(&o, "outbox_relay_published_rows", "Published rows kept for relay.retention.",
+		gauge(o, "outbox_relay_published_rows", "Published rows kept for relay.retention.",
 		      load_ll(&m->published_rows));
-		header(&o, "outbox_relay_oldest_pending_age_seconds", "gauge",
+		header(o, "outbox_relay_oldest_pending_age_seconds", "gauge",
 		       "Age of the oldest pending row.");
-		out_printf(&o, "outbox_relay_oldest_pending_age_seconds %lld.%03lld\n",
+		out_printf(o, "outbox_relay_oldest_pending_age_seconds %lld.%03lld\n",
 		           age_ms / 1000, age_ms % 1000);
-		gauge(&o, "outbox_relay_blocked_keys", "Ordering keys held back by a dead row.",
+		gauge(o, "outbox_relay_blocked_keys", "Ordering keys held back by a dead row.",
 		      load_ll(&m->blocked_keys));
 		/* When the gauges above were read: they keep their last values while the
 		 * maintenance loop cannot refresh them, and an alert needs to tell. */
 		long long at_ms = load_ll(&m->table_stats_at_ms);
-		header(&o, "outbox_relay_table_stats_timestamp_seconds", "gauge",
+		header(o, "outbox_relay_table_stats_timestamp_seconds", "gauge",
 		       "Unix time of the last refresh of the table gauges.");
-		out_printf(&o, "outbox_relay_table_stats_timestamp_seconds %lld.%03lld\n",
+		out_printf(o, "outbox_relay_table_stats_timestamp_seconds %lld.%03lld\n",
 		           at_ms / 1000, at_ms % 1000);
 	}
+}
+
+/* Whether the workers are connected now, and to which broker nodes. */
+static void render_connections(struct outbuf *o, struct metrics *m)
+{
+	int workers, db, broker;
 
 	workers = atomic_load_explicit(&m->workers, memory_order_relaxed);
 	db = atomic_load_explicit(&m->db_up, memory_order_relaxed);
 	broker = atomic_load_explicit(&m->broker_up, memory_order_relaxed);
-	gauge(&o, "outbox_relay_database_up", "1 when every worker is connected to PostgreSQL.",
+	gauge(o, "outbox_relay_database_up", "1 when every worker is connected to PostgreSQL.",
 	      workers > 0 && db == workers);
-	gauge(&o, "outbox_relay_broker_up", "1 when every worker is connected to the broker.",
+	gauge(o, "outbox_relay_broker_up", "1 when every worker is connected to the broker.",
 	      workers > 0 && broker == workers);
-	gauge(&o, "outbox_relay_workers", "Relay worker threads.", workers);
-	counter(&o, "outbox_relay_broker_failovers_total",
+	gauge(o, "outbox_relay_workers", "Relay worker threads.", workers);
+	counter(o, "outbox_relay_broker_failovers_total",
 	        "Broker connections made to another node of the cluster than the last one.",
 	        &m->broker_failovers);
-	render_nodes(&o, workers);
+	render_nodes(o, workers);
+}
+
+char *metrics_render(const char *version)
+{
+	struct metrics *m = &g_metrics;
+	struct outbuf o = { 0 };
+	char ver[256];
+	char *result = NULL;
+
+	o.cap = 8192;
+	o.p = malloc(o.cap);
+	if (o.p == NULL)
+		goto out;
+
+	render_activity(&o, m);
+	render_table(&o, m);
+	render_connections(&o, m);
 
 	label_value(version ? version : "unknown", ver, sizeof(ver));
 	header(&o, "outbox_relay_build_info", "gauge", "Build information; always 1.");
