@@ -11,32 +11,13 @@
 
 #include "config/config.h"
 #include "config/config_keys.h"
+#include "config/config_slots.h"
 #include "base/hostport.h"
 #include "base/identifier.h"
 #include "base/redact.h"
 
-#define ERRORS_MAX      200
-#define SECRET_FILE_MAX (64 * 1024)
-#define RELAY_ID_MAX    64 /* locked_by is VARCHAR(64) */
-#define ENV_PREFIX      "OUTBOX_"
-
-/* One key's value while loading: the text it was given and where from. */
-struct slot {
-	char *text;   /* owned; as given */
-	char *source; /* owned */
-	int64_t num;  /* int, duration (ms), enum index */
-	bool flag;    /* bool */
-	bool failed;  /* some source gave a bad value: skip cross-key rules on it */
-};
-
-/* What one source offered for one key. */
-struct given {
-	const char *text;
-	enum config_json_kind kind;
-	int64_t ms;
-	bool ms_ok;
-	const char *source;
-};
+#define ERRORS_MAX   200
+#define RELAY_ID_MAX 64 /* locked_by is VARCHAR(64) */
 
 int config_errors_add(struct config_errors *errs, const char *fmt, ...)
 {
@@ -243,28 +224,8 @@ static void given_text(const struct config_key *k, const char *v, char *buf, siz
 	buf[len] = '\0';
 }
 
-/* A name (of a key, variable or section) as it goes into an error line: as given when it has
- * the shape of a name, else not at all. Names come from the file, the environment and --set,
- * where a misplaced value ({"postgresql://u:secret@h/db": 1}) would otherwise be echoed. */
-static bool safe_name(const char *name, size_t len, char *buf, size_t n)
-{
-	bool plain = len > 0 && len <= 100;
-
-	for (size_t i = 0; i < len && plain; i++) {
-		char c = name[i];
-
-		plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		        (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
-	}
-	if (plain)
-		snprintf(buf, n, "%.*s", (int)len, name);
-	else
-		snprintf(buf, n, "(a name not shown: it holds characters no key has)");
-	return plain;
-}
-
 static void report_bad(struct config_errors *errs, const struct config_key *k,
-                       const struct given *g, const char *why)
+                       const struct config_given *g, const char *why)
 {
 	char got[160], allowed[320];
 
@@ -275,8 +236,8 @@ static void report_bad(struct config_errors *errs, const struct config_key *k,
 }
 
 /* Parses g for key k into s. On a bad value reports it and leaves s's value as it was. */
-static int assign(struct slot *s, const struct config_key *k, const struct given *g,
-                  struct config_errors *errs)
+int config_slot_assign(struct config_slot *s, const struct config_key *k,
+                       const struct config_given *g, struct config_errors *errs)
 {
 	int64_t num = 0;
 	bool flag = false;
@@ -362,318 +323,22 @@ char *config_default_relay_id(void)
 	return id;
 }
 
-static int load_defaults(struct slot *slots, struct config_errors *errs)
-{
-	for (size_t i = 0; i < config_key_count(); i++) {
-		const struct config_key *k = config_key_at(i);
-		struct given g = { k->def, CONFIG_JSON_STRING, 0, false, "default" };
-		char *computed = NULL;
-		int rc;
-
-		if (k->default_fn) {
-			computed = k->default_fn();
-			if (!computed) {
-				config_errors_add(errs, "%s: out of memory", k->name);
-				return -1;
-			}
-			g.text = computed;
-		}
-		rc = assign(&slots[i], k, &g, errs);
-		free(computed);
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static const char *json_kind_text(enum config_json_kind kind)
-{
-	switch (kind) {
-	case CONFIG_JSON_STRING:
-		return "a string";
-	case CONFIG_JSON_INT:
-	case CONFIG_JSON_REAL:
-		return "a number";
-	case CONFIG_JSON_BOOL:
-		return "a boolean";
-	case CONFIG_JSON_NULL:
-		return "null";
-	case CONFIG_JSON_ARRAY:
-		return "an array";
-	case CONFIG_JSON_OBJECT:
-	default:
-		return "an object";
-	}
-}
-
-static void load_file(const char *path, struct slot *slots, struct config_errors *errs)
-{
-	struct config_file f = { NULL, 0 };
-
-	if (config_file_read(path, &f, errs) < 0)
-		return;
-	for (size_t i = 0; i < f.n; i++) {
-		const struct config_file_entry *e = &f.v[i];
-		int idx = config_key_index(e->key);
-		char source[512];
-		struct given g;
-
-		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
-		if (idx < 0 && config_key_is_section(e->key)) {
-			/* Not the value: {"database": "postgresql://u:secret@h/db"} is a URL
-			 * put where the section goes. */
-			config_errors_add(errs,
-			                  "%s: got %s (%s); allowed: an object holding %s.* keys",
-			                  e->key, json_kind_text(e->kind), source, e->key);
-			continue;
-		}
-		if (idx < 0) {
-			char name[128];
-
-			safe_name(e->key, strlen(e->key), name, sizeof(name));
-			config_errors_add(errs,
-			                  "%s: unknown key (%s); allowed: a key listed by "
-			                  "`outbox-relay config show`",
-			                  name, source);
-			continue;
-		}
-		for (size_t j = 0; j < i; j++) {
-			/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins
-			 * would be an accident of iteration order. */
-			if (strcmp(f.v[j].key, e->key) == 0) {
-				config_errors_add(errs,
-				                  "%s: given twice (%s and line %d); "
-				                  "allowed: one value per key",
-				                  e->key, source, f.v[j].line);
-				slots[idx].failed = true;
-				break;
-			}
-		}
-		if (slots[idx].failed)
-			continue;
-		g = (struct given){ e->text, e->kind, e->ms, e->ms_ok, source };
-		(void)assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
-	}
-	config_file_clear(&f);
-}
-
-/* Reads a Docker-style secret file. The contents never appear in an error. */
-static char *read_secret(const char *path, int *err)
-{
-	size_t len;
-	char *buf = config_read_file(path, SECRET_FILE_MAX, &len, err);
-
-	if (buf && memchr(buf, '\0', len)) {
-		*err = EINVAL;
-		free(buf);
-		return NULL;
-	}
-	/* Editors and `echo` end files with a newline that is not part of the password. */
-	while (buf && len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-		buf[--len] = '\0';
-	return buf;
-}
-
-static bool env_name_is(const char *entry, size_t name_len, const char *name, const char *suffix)
-{
-	size_t len = strlen(name);
-
-	if (name_len != len + strlen(suffix))
-		return false;
-	return strncmp(entry, name, len) == 0 && strncmp(entry + len, suffix, strlen(suffix)) == 0;
-}
-
-/* Where one OUTBOX_* variable goes: key *idx as a value or, with the _FILE suffix, as the
- * path of a file holding the value. False when it names no key. */
-static bool env_key(const char *entry, size_t name_len, size_t *idx, bool *is_file)
-{
-	/* The exact name first: OUTBOX_AMQP_TLS_CA_FILE is a key, not a secret file. */
-	for (size_t i = 0; i < config_key_count(); i++) {
-		if (env_name_is(entry, name_len, config_key_env(i), "")) {
-			*idx = i;
-			*is_file = false;
-			return true;
-		}
-	}
-	for (size_t i = 0; i < config_key_count(); i++) {
-		if (env_name_is(entry, name_len, config_key_env(i), "_FILE")) {
-			*idx = i;
-			*is_file = true;
-			return true;
-		}
-	}
-	return false;
-}
-
-static void report_unknown_env(const char *entry, size_t name_len, struct config_errors *errs)
-{
-	char name[128];
-
-	if (env_name_is(entry, name_len, "OUTBOX_CONFIG", "_FILE")) {
-		/* The file's path is not a secret; a _FILE form would only be a second way to
-		 * say the same thing. */
-		config_errors_add(errs, "OUTBOX_CONFIG_FILE: unknown configuration variable (env "
-		                        "OUTBOX_CONFIG_FILE); allowed: OUTBOX_CONFIG=<path of the "
-		                        "JSON config file>");
-		return;
-	}
-	/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run silently with
-	 * the default. */
-	safe_name(entry, name_len, name, sizeof(name));
-	config_errors_add(errs,
-	                  "%s: unknown configuration variable (env %s); allowed: OUTBOX_<KEY> or "
-	                  "OUTBOX_<KEY>_FILE for a key listed by `outbox-relay config show`, or "
-	                  "OUTBOX_CONFIG",
-	                  name, name);
-}
-
-/* Sorts the OUTBOX_* variables into plain[i] and file[i] per key (borrowed from env) and
- * reports the ones that name no key. */
-static void env_collect(const char *const *env, const char **plain, const char **file,
-                        struct config_errors *errs)
-{
-	for (size_t e = 0; env && env[e]; e++) {
-		const char *entry = env[e];
-		const char *eq = strchr(entry, '=');
-		size_t name_len, idx;
-		bool is_file;
-
-		if (!eq || strncmp(entry, ENV_PREFIX, strlen(ENV_PREFIX)) != 0)
-			continue;
-		name_len = (size_t)(eq - entry);
-		if (env_name_is(entry, name_len, "OUTBOX_CONFIG", ""))
-			continue; /* the config file, read before */
-		if (!env_key(entry, name_len, &idx, &is_file))
-			report_unknown_env(entry, name_len, errs);
-		else if (is_file)
-			file[idx] = eq + 1;
-		else
-			plain[idx] = eq + 1;
-	}
-}
-
-/* Key i from OUTBOX_<KEY>_FILE=path: the file's contents are the value. */
-static void env_apply_file(size_t i, const char *path, struct slot *slot,
-                           struct config_errors *errs)
-{
-	const struct config_key *k = config_key_at(i);
-	char source[512];
-	struct given g = { NULL, CONFIG_JSON_STRING, 0, false, source };
-	int err = 0;
-	char *secret = read_secret(path, &err);
-
-	snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, path);
-	if (!secret) {
-		const char *why = err == EINVAL ? "not a text file or too large" : strerror(err);
-
-		config_errors_add(errs,
-		                  "%s: could not read %s_FILE \"%s\": %s (env %s_FILE); allowed: a "
-		                  "readable file holding the value",
-		                  k->name, k->env, path, why, k->env);
-		slot->failed = true;
-		return;
-	}
-	g.text = secret;
-	(void)assign(slot, k, &g, errs);
-	free(secret);
-}
-
-/* Key i from its variables: OUTBOX_<KEY>=value (plain) or OUTBOX_<KEY>_FILE=path (file). */
-static void env_apply(size_t i, const char *plain, const char *file, struct slot *slot,
-                      struct config_errors *errs)
-{
-	const struct config_key *k = config_key_at(i);
-	char source[512];
-	struct given g = { plain, CONFIG_JSON_STRING, 0, false, source };
-
-	if (plain && file) {
-		config_errors_add(
-		        errs, "%s: both %s and %s_FILE are set (env); allowed: only one of them",
-		        k->name, k->env, k->env);
-		slot->failed = true;
-	} else if (plain) {
-		snprintf(source, sizeof(source), "env %s", k->env);
-		(void)assign(slot, k, &g, errs);
-	} else if (file) {
-		env_apply_file(i, file, slot, errs);
-	}
-}
-
-static void load_env(const char *const *env, struct slot *slots, struct config_errors *errs)
-{
-	size_t nkeys = config_key_count();
-	const char **plain = calloc(nkeys, sizeof(*plain));
-	const char **file = calloc(nkeys, sizeof(*file));
-
-	if (!plain || !file) {
-		config_errors_add(errs, "environment: out of memory");
-		goto out;
-	}
-	env_collect(env, plain, file, errs);
-	for (size_t i = 0; i < nkeys; i++)
-		env_apply(i, plain[i], file[i], &slots[i], errs);
-out:
-	free(plain);
-	free(file);
-}
-
-static void load_sets(const struct config_sources *src, struct slot *slots,
-                      struct config_errors *errs)
-{
-	for (size_t i = 0; i < src->nsets; i++) {
-		const char *set = src->sets[i] ? src->sets[i] : "";
-		const char *eq = strchr(set, '=');
-		char key[128];
-		struct given g = { NULL, CONFIG_JSON_STRING, 0, false, "flag --set" };
-		int idx;
-
-		if (!eq) {
-			/* "--set amqp.url amqp://u:secret@h" lost its '=': show a key, not that. */
-			if (safe_name(set, strlen(set), key, sizeof(key)))
-				config_errors_add(
-				        errs,
-				        "--set \"%s\": missing '=' (flag --set); allowed: "
-				        "key=value",
-				        key);
-			else
-				config_errors_add(
-				        errs,
-				        "--set argument %zu: missing '=' (flag --set), not shown "
-				        "since it is no key name; allowed: key=value",
-				        i + 1);
-			continue;
-		}
-		idx = safe_name(set, (size_t)(eq - set), key, sizeof(key)) ? config_key_index(key)
-		                                                           : -1;
-		if (idx < 0) {
-			config_errors_add(errs,
-			                  "%s: unknown key (flag --set); allowed: a key "
-			                  "listed by `outbox-relay config show`",
-			                  key);
-			continue;
-		}
-		g.text = eq + 1;
-		(void)assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
-	}
-}
-
 /* The slot of the key stored at field f of struct config; NULL when no row stores it (then
  * the rule naming it cannot apply, and the tests of that rule fail). */
 #define SLOT(slots, f) slot_of(slots, offsetof(struct config, f))
-
-static const struct slot *slot_of(const struct slot *slots, size_t field)
+static const struct config_slot *slot_of(const struct config_slot *slots, size_t field)
 {
 	size_t i = config_key_by_field(field);
 
 	return i < config_key_count() ? &slots[i] : NULL;
 }
 
-static void check_rules(const struct slot *slots, struct config_errors *errs)
+static void check_rules(const struct config_slot *slots, struct config_errors *errs)
 {
-	const struct slot *lease = SLOT(slots, relay_lease_ms);
-	const struct slot *confirm = SLOT(slots, amqp_confirm_timeout_ms);
-	const struct slot *bmin = SLOT(slots, relay_retry_backoff_min_ms);
-	const struct slot *bmax = SLOT(slots, relay_retry_backoff_max_ms);
+	const struct config_slot *lease = SLOT(slots, relay_lease_ms);
+	const struct config_slot *confirm = SLOT(slots, amqp_confirm_timeout_ms);
+	const struct config_slot *bmin = SLOT(slots, relay_retry_backoff_min_ms);
+	const struct config_slot *bmax = SLOT(slots, relay_retry_backoff_max_ms);
 	char v[32];
 
 	if (!lease || !confirm || !bmin || !bmax)
@@ -699,7 +364,7 @@ static void check_rules(const struct slot *slots, struct config_errors *errs)
 
 /* amqp.url as the AMQP client reads it, when the caller can say (src->check_amqp_url). Only
  * the effective value is read: one that some source gave wrongly was reported already. */
-static void check_amqp_url(const struct config_sources *src, const struct slot *slots,
+static void check_amqp_url(const struct config_sources *src, const struct config_slot *slots,
                            struct config_errors *errs)
 {
 	size_t i = config_key_by_field(offsetof(struct config, amqp_url));
@@ -714,7 +379,7 @@ static void check_amqp_url(const struct config_sources *src, const struct slot *
 	                  why[0] ? why : "the AMQP client cannot read it");
 }
 
-static struct config *build(struct slot *slots)
+static struct config *build(struct config_slot *slots)
 {
 	size_t nkeys = config_key_count();
 	struct config *c = calloc(1, sizeof(*c));
@@ -758,7 +423,7 @@ struct config *config_load(const struct config_sources *src, struct config_error
 {
 	size_t nkeys = config_key_count();
 	struct config *c = NULL;
-	struct slot *slots;
+	struct config_slot *slots;
 	const char *file = NULL;
 
 	errs->lines = NULL;
@@ -768,7 +433,7 @@ struct config *config_load(const struct config_sources *src, struct config_error
 		config_errors_add(errs, "config: out of memory");
 		return NULL;
 	}
-	if (load_defaults(slots, errs) < 0)
+	if (config_slots_defaults(slots, errs) < 0)
 		goto out;
 	file = src->file;
 	for (size_t e = 0; !file && src->environ && src->environ[e]; e++) {
@@ -778,9 +443,9 @@ struct config *config_load(const struct config_sources *src, struct config_error
 	if (src->file && !*src->file)
 		config_errors_add(errs, "--config: got an empty path; allowed: a JSON file");
 	else if (file && *file)
-		load_file(file, slots, errs);
-	load_env(src->environ, slots, errs);
-	load_sets(src, slots, errs);
+		config_slots_file(file, slots, errs);
+	config_slots_env(src->environ, slots, errs);
+	config_slots_sets(src, slots, errs);
 	check_rules(slots, errs);
 	check_amqp_url(src, slots, errs);
 	if (errs->n > 0)
