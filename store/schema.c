@@ -282,47 +282,23 @@ static void add_create_table(struct sbuf *b, const char *if_not_exists, const ch
 	sbuf_add(b, ") WITH (fillfactor = " FILLFACTOR ")");
 }
 
-/* Ownership: returns a new string (caller frees); table and channel borrowed. NULL when
- * out of memory or when table/channel is not a valid identifier (we never build SQL from
- * anything else). */
-char *store_schema_sql(const char *table, const char *channel)
+/* The upgrade of an older table (AceMQ SQLOutboxStore), which lacks some columns: existing
+ * rows get a seq in their physical order and become claimable at once. The indexes need the
+ * columns, so the script runs this before them. */
+static void add_upgrade_script(struct sbuf *b, const char *t)
 {
-	struct names nm;
-	struct sbuf b = { 0 };
-	const char *t, *p, *n;
-	char script_tq[STORE_NAME_MAX + 8]; /* the table as the DO block's format() names it */
-
-	if (!names_make(&nm, table) || !channel || (channel[0] && !identifier_plain_valid(channel)))
-		return NULL;
-	t = nm.t;
-	p = nm.prefix;
-	n = nm.base;
-	snprintf(script_tq, sizeof(script_tq), "%%1$I.%s", n);
-
-	sbuf_add(&b,
-	         "-- outbox-relay schema for %s (idempotent: safe to apply again)\n"
-	         "-- For applying by hand: it takes strong locks on the table even when nothing\n"
-	         "-- changes. `outbox-relay migrate` reads the catalog and changes only what "
-	         "differs.\n",
-	         t);
-	add_create_table(&b, "IF NOT EXISTS ", t);
-	sbuf_add(&b, ";\n\n");
-
-	/* An older table (AceMQ SQLOutboxStore) lacks some columns; existing rows get a seq in
-	 * their physical order and become claimable at once. The indexes below need them, so
-	 * they come first. */
-	sbuf_add(&b, "-- upgrade an older table in place\nALTER TABLE %s", t);
+	sbuf_add(b, "-- upgrade an older table in place\nALTER TABLE %s", t);
 	for (size_t i = 0, k = 0; i < N_COLUMNS; i++)
 		if (columns[i].add)
-			sbuf_add(&b, "%s\n  ADD COLUMN IF NOT EXISTS %s %s", k++ ? "," : "",
+			sbuf_add(b, "%s\n  ADD COLUMN IF NOT EXISTS %s %s", k++ ? "," : "",
 			         columns[i].name, columns[i].add);
-	sbuf_add(&b,
+	sbuf_add(b,
 	         ";\n"
 	         "-- room on each page so that lease updates (unindexed columns) stay HOT\n"
 	         "ALTER TABLE %s SET (fillfactor = " FILLFACTOR ");\n\n",
 	         t);
 	/* See store_check_sequence(). */
-	sbuf_add(&b,
+	sbuf_add(b,
 	         "-- seq values handed out one at a time (no CACHE): the relay's ordering "
 	         "watermark\n"
 	         "-- takes the sequence's last value as the highest seq any session holds\n"
@@ -336,19 +312,19 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "END\n"
 	         "$do$;\n\n",
 	         t);
+}
 
-	for (size_t i = 0; i < N_INDEXES; i++)
-		sbuf_add(&b, "CREATE INDEX IF NOT EXISTS %s%s ON %s %s;\n", n, indexes[i].suffix, t,
-		         indexes[i].def);
-	sbuf_add(&b, "-- indexes of earlier versions\n");
-	for (size_t i = 0; i < N_RETIRED; i++)
-		sbuf_add(&b, "DROP INDEX IF EXISTS %s%s%s;\n", p, n, retired_indexes[i]);
-	sbuf_add(&b, "\n");
+/* The wake-up function and trigger as a DO block: the function is created in the schema the
+ * outbox table lives in, found when the script runs (the name may be unqualified). A trigger
+ * of an earlier version (a deferred constraint trigger, or one that tests the lock in its
+ * WHEN) is replaced. */
+static void add_wakeup_script(struct sbuf *b, const struct names *nm, const char *channel)
+{
+	const char *t = nm->t, *n = nm->base;
+	char script_tq[STORE_NAME_MAX + 8]; /* the table as the DO block's format() names it */
 
-	/* The function is created in the schema the outbox table lives in, found when the
-	 * script runs (the name may be unqualified). A trigger of an earlier version (a deferred
-	 * constraint trigger, or one that tests the lock in its WHEN) is replaced. */
-	sbuf_add(&b,
+	snprintf(script_tq, sizeof(script_tq), "%%1$I.%s", n);
+	sbuf_add(b,
 	         "-- wake-up: producers notify only while a relay waits (it holds an advisory "
 	         "lock);\n"
 	         "-- the trigger function names every object with its schema, so producers' own\n"
@@ -361,8 +337,8 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "BEGIN\n"
 	         "  EXECUTE format($f$",
 	         t);
-	add_function_ddl(&b, "%1$I", n, channel);
-	sbuf_add(&b,
+	add_function_ddl(b, "%1$I", n, channel);
+	sbuf_add(b,
 	         "$f$, s);\n"
 	         "  IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '%s'::regclass\n"
 	         "             AND tgname = '%s_wakeup' AND (tgtype <> " STORE_WAKEUP_TGTYPE
@@ -372,12 +348,48 @@ char *store_schema_sql(const char *table, const char *channel)
 	         "  IF NOT EXISTS (SELECT 1 FROM pg_trigger\n"
 	         "                 WHERE tgrelid = '%s'::regclass AND tgname = '%s_wakeup') THEN\n"
 	         "    EXECUTE format($f$",
-	         t, nm.lbase, n, n, t, nm.lbase);
-	add_trigger_ddl(&b, "%1$I", n, script_tq);
-	sbuf_add(&b, "$f$, s);\n"
-	             "  END IF;\n"
-	             "END\n"
-	             "$do$;\n");
+	         t, nm->lbase, n, n, t, nm->lbase);
+	add_trigger_ddl(b, "%1$I", n, script_tq);
+	sbuf_add(b, "$f$, s);\n"
+	            "  END IF;\n"
+	            "END\n"
+	            "$do$;\n");
+}
+
+/* Ownership: returns a new string (caller frees); table and channel borrowed. NULL when
+ * out of memory or when table/channel is not a valid identifier (we never build SQL from
+ * anything else). */
+char *store_schema_sql(const char *table, const char *channel)
+{
+	struct names nm;
+	struct sbuf b = { 0 };
+	const char *t, *p, *n;
+
+	if (!names_make(&nm, table) || !channel || (channel[0] && !identifier_plain_valid(channel)))
+		return NULL;
+	t = nm.t;
+	p = nm.prefix;
+	n = nm.base;
+
+	sbuf_add(&b,
+	         "-- outbox-relay schema for %s (idempotent: safe to apply again)\n"
+	         "-- For applying by hand: it takes strong locks on the table even when nothing\n"
+	         "-- changes. `outbox-relay migrate` reads the catalog and changes only what "
+	         "differs.\n",
+	         t);
+	add_create_table(&b, "IF NOT EXISTS ", t);
+	sbuf_add(&b, ";\n\n");
+	add_upgrade_script(&b, t);
+
+	for (size_t i = 0; i < N_INDEXES; i++)
+		sbuf_add(&b, "CREATE INDEX IF NOT EXISTS %s%s ON %s %s;\n", n, indexes[i].suffix, t,
+		         indexes[i].def);
+	sbuf_add(&b, "-- indexes of earlier versions\n");
+	for (size_t i = 0; i < N_RETIRED; i++)
+		sbuf_add(&b, "DROP INDEX IF EXISTS %s%s%s;\n", p, n, retired_indexes[i]);
+	sbuf_add(&b, "\n");
+
+	add_wakeup_script(&b, &nm, channel);
 
 	if (b.failed) {
 		free(b.p);
@@ -466,17 +478,15 @@ static bool lock_timed_out(const PGresult *res)
 	return st && strcmp(st, "55P03") == 0;
 }
 
-/* Where the table is and what it has. Reads the catalog only: no lock on the table, so an
- * up-to-date table is checked without queueing behind (or in front of) anyone. */
-static int inspect(struct store *s, const struct names *nm, struct found *f)
+/* The schema the table lives in; for a missing table, the one CREATE TABLE would use. A
+ * missing schema or a name that is not a table is refused here, before anything is read or
+ * changed. */
+static int locate_table(struct store *s, const struct names *nm, struct found *f)
 {
 	const char *pa[2] = { nm->t, nm->lschema };
-	const char *pb[2];
 	PGresult *res = NULL;
 	int rc;
 
-	memset(f, 0, sizeof(*f));
-	/* The schema the table lives in; for a missing table, the one CREATE TABLE would use. */
 	rc = store_exec(s,
 	                "SELECT n.nspname::text, quote_ident(n.nspname), c.relkind::text"
 	                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -503,14 +513,102 @@ static int inspect(struct store *s, const struct names *nm, struct found *f)
 	}
 	snprintf(f->schema, sizeof(f->schema), "%s", PQgetvalue(res, 0, 0));
 	snprintf(f->qschema, sizeof(f->qschema), "%s", PQgetvalue(res, 0, 1));
+out:
 	PQclear(res);
-	res = NULL;
+	return rc;
+}
 
-	/* One row per fact: t = the table and its storage parameters, c = a column, i = an
-	 * index, f = the wake-up function, g = the trigger (is its function ours, is it this
-	 * version's statement trigger with its WHEN). */
-	pb[0] = f->schema;
-	pb[1] = nm->lbase;
+/* An index row of the catalog: which of ours (or of the retired ones) it is, and whether it
+ * is built as this version wants it (a different or invalid one is rebuilt). */
+static void note_index(const struct names *nm, struct found *f, const char *name, const char *a,
+                       const char *b)
+{
+	for (size_t i = 0; i < N_INDEXES; i++) {
+		char want[STORE_NAME_MAX];
+
+		snprintf(want, sizeof(want), "%s%s", nm->lbase, indexes[i].suffix);
+		if (strcmp(name, want) != 0)
+			continue;
+		f->index[i] = strcmp(a, indexes[i].catalog) == 0 && strcmp(b, "true") == 0
+		                      ? CURRENT
+		                      : DIFFERENT;
+	}
+	for (size_t i = 0; i < N_RETIRED; i++) {
+		char old[2 * STORE_NAME_MAX];
+
+		snprintf(old, sizeof(old), "%s%s", nm->lbase, retired_indexes[i]);
+		if (strcmp(name, old) == 0)
+			f->retired[i] = true;
+	}
+}
+
+/* The wake-up function is current when its body is the one this version writes for the
+ * configured channel, and it pins no settings. */
+static int note_function(struct store *s, struct found *f, const char *a, const char *b)
+{
+	struct sbuf body = { 0 };
+	const char *ch = s->opts.channel ? s->opts.channel : "";
+
+	add_notify_body(&body, ch);
+	if (body.failed) {
+		free(body.p);
+		store_set_error(s, "out of memory");
+		return STORE_ERR_NOMEM;
+	}
+	f->function = strcmp(a, body.p) == 0 && b[0] == '\0' ? CURRENT : DIFFERENT;
+	free(body.p);
+	return 0;
+}
+
+/* One row of read_objects()'s answer, noted in f. */
+static int note_fact(struct store *s, const struct names *nm, struct found *f, const PGresult *res,
+                     int r)
+{
+	const char *kind = PQgetvalue(res, r, 0), *name = PQgetvalue(res, r, 1);
+	const char *a = PQgetvalue(res, r, 2), *b = PQgetvalue(res, r, 3);
+
+	switch (kind[0]) {
+	case 't':
+		f->fillfactor = strstr(a, "fillfactor=" FILLFACTOR) != NULL;
+		break;
+	case 'c':
+		for (size_t i = 0; i < N_COLUMNS; i++) {
+			if (strcmp(name, columns[i].name) != 0)
+				continue;
+			f->have[i] = true;
+			f->has_default[i] = strcmp(b, "true") == 0;
+			snprintf(f->family[i], sizeof(f->family[i]), "%s", a);
+		}
+		break;
+	case 'i':
+		note_index(nm, f, name, a, b);
+		break;
+	case 'f':
+		return note_function(s, f, a, b);
+	case 's':
+		snprintf(f->seq, sizeof(f->seq), "%s", name);
+		if (store_parse_int64(a, &f->seq_cache) != 0)
+			f->seq_cache = 0;
+		break;
+	case 'g':
+		f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT : DIFFERENT;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+/* The table's objects in schema f->schema, read in one statement: one row per fact, t = the
+ * table and its storage parameters, c = a column, i = an index, f = the wake-up function,
+ * s = the sequence behind seq, g = the trigger (is its function ours, is it this version's
+ * statement trigger with its WHEN). */
+static int read_objects(struct store *s, const struct names *nm, struct found *f)
+{
+	const char *pb[2] = { f->schema, nm->lbase };
+	PGresult *res = NULL;
+	int rc;
+
 	rc = store_exec(
 	        s,
 	        "WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1),"
@@ -544,80 +642,91 @@ static int inspect(struct store *s, const struct names *nm, struct found *f)
 	        " FROM t JOIN pg_trigger tg ON tg.tgrelid = t.oid LEFT JOIN f ON true"
 	        " WHERE tg.tgname = $2 || '_wakeup'",
 	        2, pb, PGRES_TUPLES_OK, &res, "could not read the catalog");
-	if (rc != 0)
-		goto out;
-	for (int r = 0; r < PQntuples(res); r++) {
-		const char *kind = PQgetvalue(res, r, 0), *name = PQgetvalue(res, r, 1);
-		const char *a = PQgetvalue(res, r, 2), *b = PQgetvalue(res, r, 3);
-
-		switch (kind[0]) {
-		case 't':
-			f->fillfactor = strstr(a, "fillfactor=" FILLFACTOR) != NULL;
-			break;
-		case 'c':
-			for (size_t i = 0; i < N_COLUMNS; i++) {
-				if (strcmp(name, columns[i].name) != 0)
-					continue;
-				f->have[i] = true;
-				f->has_default[i] = strcmp(b, "true") == 0;
-				snprintf(f->family[i], sizeof(f->family[i]), "%s", a);
-			}
-			break;
-		case 'i':
-			for (size_t i = 0; i < N_INDEXES; i++) {
-				char want[STORE_NAME_MAX];
-
-				snprintf(want, sizeof(want), "%s%s", nm->lbase, indexes[i].suffix);
-				if (strcmp(name, want) != 0)
-					continue;
-				f->index[i] =
-				        strcmp(a, indexes[i].catalog) == 0 && strcmp(b, "true") == 0
-				                ? CURRENT
-				                : DIFFERENT;
-			}
-			for (size_t i = 0; i < N_RETIRED; i++) {
-				char old[2 * STORE_NAME_MAX];
-
-				snprintf(old, sizeof(old), "%s%s", nm->lbase, retired_indexes[i]);
-				if (strcmp(name, old) == 0)
-					f->retired[i] = true;
-			}
-			break;
-		case 'f': {
-			struct sbuf body = { 0 };
-			const char *ch = s->opts.channel ? s->opts.channel : "";
-
-			add_notify_body(&body, ch);
-			if (body.failed) {
-				free(body.p);
-				store_set_error(s, "out of memory");
-				rc = STORE_ERR_NOMEM;
-				goto out;
-			}
-			f->function = strcmp(a, body.p) == 0 && b[0] == '\0' ? CURRENT : DIFFERENT;
-			free(body.p);
-			break;
-		}
-		case 's':
-			snprintf(f->seq, sizeof(f->seq), "%s", name);
-			if (store_parse_int64(a, &f->seq_cache) != 0)
-				f->seq_cache = 0;
-			break;
-		case 'g':
-			f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT
-			                                                              : DIFFERENT;
-			break;
-		default:
-			break;
-		}
-	}
-	PQclear(res);
-	res = NULL;
-
-	rc = 0;
-out:
+	for (int r = 0; rc == 0 && r < PQntuples(res); r++)
+		rc = note_fact(s, nm, f, res, r);
 	PQclear(res);
 	return rc;
+}
+
+/* Where the table is and what it has. Reads the catalog only: no lock on the table, so an
+ * up-to-date table is checked without queueing behind (or in front of) anyone. */
+static int inspect(struct store *s, const struct names *nm, struct found *f)
+{
+	int rc;
+
+	memset(f, 0, sizeof(*f));
+	rc = locate_table(s, nm, f);
+	if (rc == 0)
+		rc = read_objects(s, nm, f);
+	return rc;
+}
+
+/* A new table is seen by nobody until this transaction commits, so its indexes are built
+ * in the same transaction, at no cost to anyone. */
+static void plan_new_table(const char *tq, const char *base, struct plan *pl)
+{
+	struct sbuf b = { 0 };
+
+	add_create_table(&b, "", tq);
+	plan_add(pl, "create the table", &b);
+	for (size_t i = 0; i < N_INDEXES; i++) {
+		memset(&b, 0, sizeof(b));
+		sbuf_add(&b, "CREATE INDEX %s%s ON %s %s", base, indexes[i].suffix, tq,
+		         indexes[i].def);
+		plan_add(pl, "create an index", &b);
+	}
+}
+
+/* The columns and defaults an existing table lacks, in one ALTER TABLE; a column it must have
+ * but cannot be given, or one of the wrong type, is refused before anything is changed. */
+static int plan_columns(struct store *s, const struct names *nm, const struct found *f,
+                        const char *tq, struct plan *pl)
+{
+	struct sbuf b = { 0 };
+	bool any = false;
+
+	for (size_t i = 0; i < N_COLUMNS; i++) {
+		const struct column *c = &columns[i];
+
+		if (!f->have[i] && !c->add) {
+			store_set_error(s,
+			                "table '%s' has no column %s: it is not an outbox table; "
+			                "nothing was changed",
+			                nm->t, c->name);
+			return STORE_ERR_FATAL;
+		}
+		if (f->have[i] && strcmp(f->family[i], c->family) != 0) {
+			store_set_error(s,
+			                "column %s of table '%s' is of type %s, the relay needs "
+			                "%s; nothing was changed",
+			                c->name, nm->t, f->family[i], c->family);
+			return STORE_ERR_FATAL;
+		}
+		if (f->have[i] && !f->has_default[i] && strcmp(c->name, "seq") == 0) {
+			store_set_error(s,
+			                "column seq of table '%s' is neither an identity column "
+			                "nor has a default; nothing was changed",
+			                nm->t);
+			return STORE_ERR_FATAL;
+		}
+		if (!f->have[i])
+			sbuf_add(&b, "%s ADD COLUMN %s %s", any ? "," : "", c->name, c->add);
+		else if (c->def && !f->has_default[i])
+			sbuf_add(&b, "%s ALTER COLUMN %s SET DEFAULT %s", any ? "," : "", c->name,
+			         c->def);
+		else
+			continue;
+		any = true;
+	}
+	if (any) {
+		/* ACCESS EXCLUSIVE, and a rewrite for seq and txid: an upgrade, once. */
+		struct sbuf a = { 0 };
+
+		sbuf_add(&a, "ALTER TABLE %s%s", tq, b.p ? b.p : "");
+		free(b.p);
+		plan_add(pl, "add missing columns or defaults", &a);
+	}
+	return 0;
 }
 
 /* The changes that need a transaction: everything but building indexes on an existing table.
@@ -629,66 +738,15 @@ static int plan_changes(struct store *s, const struct names *nm, const struct fo
 	char tq[2 * STORE_NAME_MAX]; /* the table, schema-qualified */
 	const char *ch = s->opts.channel ? s->opts.channel : "";
 	struct sbuf b = { 0 };
-	bool any = false;
+	int rc;
 
 	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
 	if (!f->table) {
-		/* A new table is seen by nobody until this transaction commits, so its indexes
-		 * are built here at no cost to anyone. */
-		add_create_table(&b, "", tq);
-		plan_add(pl, "create the table", &b);
-		for (size_t i = 0; i < N_INDEXES; i++) {
-			memset(&b, 0, sizeof(b));
-			sbuf_add(&b, "CREATE INDEX %s%s ON %s %s", nm->base, indexes[i].suffix, tq,
-			         indexes[i].def);
-			plan_add(pl, "create an index", &b);
-		}
+		plan_new_table(tq, nm->base, pl);
 	} else {
-		for (size_t i = 0; i < N_COLUMNS; i++) {
-			const struct column *c = &columns[i];
-
-			if (!f->have[i] && !c->add) {
-				store_set_error(
-				        s,
-				        "table '%s' has no column %s: it is not an outbox table; "
-				        "nothing was changed",
-				        nm->t, c->name);
-				return STORE_ERR_FATAL;
-			}
-			if (f->have[i] && strcmp(f->family[i], c->family) != 0) {
-				store_set_error(
-				        s,
-				        "column %s of table '%s' is of type %s, the relay needs "
-				        "%s; nothing was changed",
-				        c->name, nm->t, f->family[i], c->family);
-				return STORE_ERR_FATAL;
-			}
-			if (f->have[i] && !f->has_default[i] && strcmp(c->name, "seq") == 0) {
-				store_set_error(
-				        s,
-				        "column seq of table '%s' is neither an identity column "
-				        "nor has a default; nothing was changed",
-				        nm->t);
-				return STORE_ERR_FATAL;
-			}
-			if (!f->have[i])
-				sbuf_add(&b, "%s ADD COLUMN %s %s", any ? "," : "", c->name,
-				         c->add);
-			else if (c->def && !f->has_default[i])
-				sbuf_add(&b, "%s ALTER COLUMN %s SET DEFAULT %s", any ? "," : "",
-				         c->name, c->def);
-			else
-				continue;
-			any = true;
-		}
-		if (any) {
-			/* ACCESS EXCLUSIVE, and a rewrite for seq and txid: an upgrade, once. */
-			struct sbuf a = { 0 };
-
-			sbuf_add(&a, "ALTER TABLE %s%s", tq, b.p ? b.p : "");
-			free(b.p);
-			plan_add(pl, "add missing columns or defaults", &a);
-		}
+		rc = plan_columns(s, nm, f, tq, pl);
+		if (rc != 0)
+			return rc;
 		if (f->seq_cache > 1) {
 			/* SHARE ROW EXCLUSIVE on the sequence: waits for producers' open
 			 * transactions, and their next nextval() waits for it. */
