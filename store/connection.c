@@ -369,60 +369,44 @@ static void add_targets(struct target *t, int *n, int max, const char *host, con
 		target_set(&t[(*n)++], host, "", port);
 }
 
-/* Connects to the first address that accepts and is writable, of every host libpq would try —
- * written in database.url, given by PGHOST or a service file entry — and of every address a
- * host name resolves to, giving each its own timeout: a host that silently drops packets must
- * not keep the relay from the next one, as after a failover where the old primary's machine
- * is gone. */
-static int open_connection(struct store *s)
+/* The keywords every attempt shares: our defaults, then the connection string's own values but
+ * host, hostaddr and port, which each target sets. Returns what libpq completes the string's
+ * host list to (see completed_options()), or NULL. base borrows from opts and user_timeout. */
+static PQconninfoOption *base_attempt(struct store *s, const PQconninfoOption *opts,
+                                      struct attempt *base, char *user_timeout, size_t n)
 {
-	char *errbuf = NULL, *hosts = NULL, *addrs = NULL, *ports = NULL;
-	char *host_v[HOST_LIST_MAX], *addr_v[HOST_LIST_MAX], *port_v[HOST_LIST_MAX];
-	char user_timeout[24];
-	PQconninfoOption *opts, *done = NULL;
-	struct attempt base = { .n = 0 };
-	struct target *targets = NULL;
-	int nh, na, np, count, nt = 0, rc = STORE_ERR_CONN;
-	bool aborted = false;
+	struct attempt probe;
 
-	opts = PQconninfoParse(s->opts.conninfo ? s->opts.conninfo : "", &errbuf);
-	if (!opts) {
-		store_set_line(s, "invalid database.url", errbuf ? errbuf : "out of memory");
-		PQfreemem(errbuf);
-		return errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
-	}
-	add_defaults(s, &base, user_timeout, sizeof(user_timeout));
-	for (PQconninfoOption *o = opts; o->keyword; o++) {
+	add_defaults(s, base, user_timeout, n);
+	for (const PQconninfoOption *o = opts; o->keyword; o++) {
 		if (o->val && strcmp(o->keyword, "host") != 0 &&
 		    strcmp(o->keyword, "hostaddr") != 0 && strcmp(o->keyword, "port") != 0)
-			attempt_add(&base, o->keyword, o->val);
+			attempt_add(base, o->keyword, o->val);
 	}
 	/* The string's own values first: they win over the environment and a service entry. */
-	{
-		struct attempt probe = base;
+	probe = *base;
+	for (const PQconninfoOption *o = opts; o->keyword; o++)
+		if (o->val &&
+		    (strcmp(o->keyword, "host") == 0 || strcmp(o->keyword, "hostaddr") == 0 ||
+		     strcmp(o->keyword, "port") == 0))
+			attempt_add(&probe, o->keyword, o->val);
+	return completed_options(&probe);
+}
 
-		for (PQconninfoOption *o = opts; o->keyword; o++)
-			if (o->val && (strcmp(o->keyword, "host") == 0 ||
-			               strcmp(o->keyword, "hostaddr") == 0 ||
-			               strcmp(o->keyword, "port") == 0))
-				attempt_add(&probe, o->keyword, o->val);
-		done = completed_options(&probe);
-	}
-	base.timeout_ms = attempt_timeout_ms(done ? done : opts);
-	if (done) {
-		const char *v;
+/* Every address to try, in libpq's order, from the host, hostaddr and port lists of hosts
+ * (the completed options, else only what the string says: libpq completes the rest inside
+ * one attempt). Returns a new array of *nt targets (caller frees), NULL when out of memory. */
+static struct target *make_targets(struct store *s, const PQconninfoOption *hosts_from, int *nt)
+{
+	char *hosts, *addrs, *ports;
+	char *host_v[HOST_LIST_MAX], *addr_v[HOST_LIST_MAX], *port_v[HOST_LIST_MAX];
+	struct target *targets;
+	const char *v;
+	int nh, na, np, count, n = 0;
 
-		hosts = (v = option_value(done, "host")) ? strdup(v) : NULL;
-		addrs = (v = option_value(done, "hostaddr")) ? strdup(v) : NULL;
-		ports = (v = option_value(done, "port")) ? strdup(v) : NULL;
-	} else {
-		/* Only what the string says; libpq completes the rest inside one attempt. */
-		const char *v;
-
-		hosts = (v = option_value(opts, "host")) ? strdup(v) : NULL;
-		addrs = (v = option_value(opts, "hostaddr")) ? strdup(v) : NULL;
-		ports = (v = option_value(opts, "port")) ? strdup(v) : NULL;
-	}
+	hosts = (v = option_value(hosts_from, "host")) ? strdup(v) : NULL;
+	addrs = (v = option_value(hosts_from, "hostaddr")) ? strdup(v) : NULL;
+	ports = (v = option_value(hosts_from, "port")) ? strdup(v) : NULL;
 	nh = split_list(hosts, host_v);
 	na = split_list(addrs, addr_v);
 	np = split_list(ports, port_v);
@@ -432,16 +416,30 @@ static int open_connection(struct store *s)
 	targets = calloc(TARGETS_MAX, sizeof(*targets));
 	if (!targets) {
 		store_set_error(s, "out of memory");
-		rc = STORE_ERR_NOMEM;
 		goto out;
 	}
 	for (int i = 0; i < count; i++)
-		add_targets(targets, &nt, TARGETS_MAX, i < nh ? host_v[i] : "",
+		add_targets(targets, &n, TARGETS_MAX, i < nh ? host_v[i] : "",
 		            i < na ? addr_v[i] : "",
 		            np == 1 ? port_v[0] : (i < np ? port_v[i] : ""));
+	*nt = n;
+out:
+	free(hosts);
+	free(addrs);
+	free(ports);
+	return targets;
+}
+
+/* Tries the targets in turn until one accepts and is writable (s->conn); otherwise the last
+ * failure stays in the error message, with s->server naming where it happened. */
+static int try_targets(struct store *s, const struct attempt *base, const struct target *targets,
+                       int nt)
+{
+	bool aborted = false;
+
 	for (int i = 0; i < nt; i++) {
 		const struct target *t = &targets[i];
-		struct attempt a = base;
+		struct attempt a = *base;
 		PGconn *c;
 
 		if (t->host[0])
@@ -455,8 +453,7 @@ static int open_connection(struct store *s)
 			if (aborted) {
 				store_set_line(s, "could not connect to PostgreSQL",
 				               "stopped at the shutdown deadline");
-				rc = STORE_ERR_ABORTED;
-				goto out;
+				return STORE_ERR_ABORTED;
 			}
 			snprintf(s->server, sizeof(s->server), "%s:%s",
 			         t->host[0] ? t->host : t->addr, t->port);
@@ -474,21 +471,43 @@ static int open_connection(struct store *s)
 		}
 		if (PQstatus(c) == CONNECTION_OK) {
 			s->conn = c;
-			rc = 0;
-			goto out;
+			return 0;
 		}
 		snprintf(s->server, sizeof(s->server), "%s:%s", PQhost(c) ? PQhost(c) : "",
 		         PQport(c) ? PQport(c) : "");
 		store_set_line(s, "could not connect to PostgreSQL", PQerrorMessage(c));
 		PQfinish(c);
 	}
-out:
+	return STORE_ERR_CONN;
+}
+
+/* Connects to the first address that accepts and is writable, of every host libpq would try —
+ * written in database.url, given by PGHOST or a service file entry — and of every address a
+ * host name resolves to, giving each its own timeout: a host that silently drops packets must
+ * not keep the relay from the next one, as after a failover where the old primary's machine
+ * is gone. */
+static int open_connection(struct store *s)
+{
+	char *errbuf = NULL;
+	char user_timeout[24];
+	PQconninfoOption *opts, *done;
+	struct attempt base = { .n = 0 };
+	struct target *targets;
+	int nt = 0, rc;
+
+	opts = PQconninfoParse(s->opts.conninfo ? s->opts.conninfo : "", &errbuf);
+	if (!opts) {
+		store_set_line(s, "invalid database.url", errbuf ? errbuf : "out of memory");
+		PQfreemem(errbuf);
+		return errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
+	}
+	done = base_attempt(s, opts, &base, user_timeout, sizeof(user_timeout));
+	base.timeout_ms = attempt_timeout_ms(done ? done : opts);
+	targets = make_targets(s, done ? done : opts, &nt);
+	rc = targets ? try_targets(s, &base, targets, nt) : STORE_ERR_NOMEM;
 	PQconninfoFree(opts);
 	PQconninfoFree(done);
 	free(targets);
-	free(hosts);
-	free(addrs);
-	free(ports);
 	return rc;
 }
 
