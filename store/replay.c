@@ -549,20 +549,25 @@ static bool conflict(const char *state)
 	       strcmp(state, "55P03") == 0;
 }
 
-int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
-                      struct store_replay_progress *p)
+/* Wakes the relays that LISTEN on the channel; the caller checks that one is set. */
+static int notify_relays(struct store *s)
 {
-	char lock[STORE_NAME_MAX + 32], state[6] = "";
+	const char *ch[1] = { s->opts.channel };
+
+	return store_exec(s, "SELECT pg_notify($1, '')", 1, ch, PGRES_TUPLES_OK, NULL,
+	                  "could not notify the relay");
+}
+
+/* The step's first statements, in the transaction it began: takes the replay lock, forgets
+ * why keys waited in the last step, and tells whether any selected row has a key (*keyed). */
+static int start_step(struct store *s, bool *keyed)
+{
+	char lock[STORE_NAME_MAX + 32];
 	const char *params[1] = { lock };
 	PGresult *res = NULL;
-	char *why = NULL;
-	bool keyed = false;
-	int64_t replayed = 0, gone = 0, left = 0, keys = 0, parked = 0;
 	int rc;
 
 	snprintf(lock, sizeof(lock), "outbox-relay replay %s", s->table);
-	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) != 0)
-		return rc;
 	/* Two replays one at a time: each waits for the other's sequence lock otherwise. */
 	rc = store_exec(s, "SELECT pg_advisory_xact_lock(hashtext($1))", 1, params, PGRES_TUPLES_OK,
 	                NULL, "could not take the replay lock");
@@ -572,55 +577,47 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 		                " SELECT EXISTS (SELECT 1 FROM " SEL
 		                " WHERE ordering_key IS NOT NULL)",
 		                0, NULL, PGRES_TUPLES_OK, &res, "could not replay");
-	if (rc != 0)
-		goto fail;
-	keyed = PQgetvalue(res, 0, 0)[0] == 't';
+	if (rc == 0)
+		*keyed = PQgetvalue(res, 0, 0)[0] == 't';
 	PQclear(res);
-	res = NULL;
-	if (keyed) {
-		rc = settle_sequence(s, wait_ms, &why);
-		if (rc == 1) {
-			/* The unkeyed rows go now; the keyed ones wait for the next step. */
-			const char *wp[1] = { why ? why : "a transaction is still open" };
+	return rc;
+}
 
-			rc = store_exec(
-			        s, "UPDATE " SEL " SET reason = $1 WHERE ordering_key IS NOT NULL",
-			        1, wp, PGRES_COMMAND_OK, NULL, "could not replay");
-		} else if (rc == 0) {
-			rc = park_keys(s, &parked, state);
-		}
-		if (rc != 0)
-			goto fail;
-	}
-	if ((rc = make_pending(s, asked_at, &replayed, &gone, state)) != 0)
-		goto fail;
-	if (replayed > 0 && s->opts.channel && s->opts.channel[0]) {
-		const char *ch[1] = { s->opts.channel };
+/* Keyed rows go only once the sequence has settled: then the keys that can go have their
+ * newer rows parked (*parked); otherwise every keyed row waits for the next step, with why. */
+static int hold_keys(struct store *s, int64_t wait_ms, int64_t *parked, char *state)
+{
+	char *why = NULL;
+	int rc;
 
-		/* Delivered at commit: a relay asleep until its next poll claims them now. */
-		rc = store_exec(s, "SELECT pg_notify($1, '')", 1, ch, PGRES_TUPLES_OK, NULL,
-		                "could not notify the relay");
-		if (rc != 0)
-			goto fail;
+	rc = settle_sequence(s, wait_ms, &why);
+	if (rc == 1) {
+		/* The unkeyed rows go now; the keyed ones wait for the next step. */
+		const char *wp[1] = { why ? why : "a transaction is still open" };
+
+		rc = store_exec(s, "UPDATE " SEL " SET reason = $1 WHERE ordering_key IS NOT NULL",
+		                1, wp, PGRES_COMMAND_OK, NULL, "could not replay");
+	} else if (rc == 0) {
+		rc = park_keys(s, parked, state);
 	}
-	if ((rc = store_exec(s, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) !=
-	    0)
-		goto out; /* a failed COMMIT ends the transaction */
-	/* The replayed rows count from here: an error below leaves the parked rows to their
-	 * lease, which is safe. */
-	p->replayed += replayed;
-	p->gone += gone;
+	free(why);
+	return rc;
+}
+
+/* After the commit: the parked rows are handed back and what is left is counted into p. The
+ * replayed rows count already: an error here leaves the parked rows to their lease, which is
+ * safe. */
+static int finish_step(struct store *s, int64_t parked, struct store_replay_progress *p)
+{
+	PGresult *res = NULL;
+	int64_t left = 0, keys = 0;
+	int rc;
+
 	if (parked > 0 && (rc = release_parked(s)) != 0)
-		goto out;
-	if (parked > 0 && s->opts.channel && s->opts.channel[0]) {
-		const char *ch[1] = { s->opts.channel };
-
-		/* The key's newer rows are claimable again (behind the replayed ones). */
-		rc = store_exec(s, "SELECT pg_notify($1, '')", 1, ch, PGRES_TUPLES_OK, NULL,
-		                "could not notify the relay");
-		if (rc != 0)
-			goto out;
-	}
+		return rc;
+	/* The key's newer rows are claimable again (behind the replayed ones). */
+	if (parked > 0 && s->opts.channel && s->opts.channel[0] && (rc = notify_relays(s)) != 0)
+		return rc;
 	rc = store_exec(s, "SELECT count(*), count(DISTINCT ordering_key) FROM " SEL, 0, NULL,
 	                PGRES_TUPLES_OK, &res, "could not replay");
 	if (rc != 0)
@@ -634,16 +631,43 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 	p->left = left;
 	p->left_keys = keys;
 	p->conflict = false;
-	goto out;
+out:
+	PQclear(res);
+	return rc;
+}
+
+int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
+                      struct store_replay_progress *p)
+{
+	char state[6] = "";
+	bool keyed = false;
+	int64_t replayed = 0, gone = 0, parked = 0;
+	int rc;
+
+	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) != 0)
+		return rc;
+	if ((rc = start_step(s, &keyed)) != 0)
+		goto fail;
+	if (keyed && (rc = hold_keys(s, wait_ms, &parked, state)) != 0)
+		goto fail;
+	if ((rc = make_pending(s, asked_at, &replayed, &gone, state)) != 0)
+		goto fail;
+	/* Delivered at commit: a relay asleep until its next poll claims them now. */
+	if (replayed > 0 && s->opts.channel && s->opts.channel[0] && (rc = notify_relays(s)) != 0)
+		goto fail;
+	if ((rc = store_exec(s, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) !=
+	    0)
+		return rc; /* a failed COMMIT ends the transaction */
+	/* The replayed rows count from here. */
+	p->replayed += replayed;
+	p->gone += gone;
+	return finish_step(s, parked, p);
 fail:
 	rollback(s);
 	if (conflict(state)) {
 		p->conflict = true;
 		rc = 0;
 	}
-out:
-	PQclear(res);
-	free(why);
 	return rc;
 }
 
