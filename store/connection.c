@@ -497,9 +497,10 @@ static int open_connection(struct store *s)
 
 	opts = PQconninfoParse(s->opts.conninfo ? s->opts.conninfo : "", &errbuf);
 	if (!opts) {
+		rc = errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
 		store_set_line(s, "invalid database.url", errbuf ? errbuf : "out of memory");
 		PQfreemem(errbuf);
-		return errbuf ? STORE_ERR_FATAL : STORE_ERR_NOMEM;
+		return rc;
 	}
 	done = base_attempt(s, opts, &base, user_timeout, sizeof(user_timeout));
 	base.timeout_ms = attempt_timeout_ms(done ? done : opts);

@@ -693,21 +693,21 @@ static int plan_columns(struct store *s, const struct names *nm, const struct fo
 			                "table '%s' has no column %s: it is not an outbox table; "
 			                "nothing was changed",
 			                nm->t, c->name);
-			return STORE_ERR_FATAL;
+			goto refused;
 		}
 		if (f->have[i] && strcmp(f->family[i], c->family) != 0) {
 			store_set_error(s,
 			                "column %s of table '%s' is of type %s, the relay needs "
 			                "%s; nothing was changed",
 			                c->name, nm->t, f->family[i], c->family);
-			return STORE_ERR_FATAL;
+			goto refused;
 		}
 		if (f->have[i] && !f->has_default[i] && strcmp(c->name, "seq") == 0) {
 			store_set_error(s,
 			                "column seq of table '%s' is neither an identity column "
 			                "nor has a default; nothing was changed",
 			                nm->t);
-			return STORE_ERR_FATAL;
+			goto refused;
 		}
 		if (!f->have[i])
 			sbuf_add(&b, "%s ADD COLUMN %s %s", any ? "," : "", c->name, c->add);
@@ -727,6 +727,9 @@ static int plan_columns(struct store *s, const struct names *nm, const struct fo
 		plan_add(pl, "add missing columns or defaults", &a);
 	}
 	return 0;
+refused:
+	free(b.p); /* what was planned before the refused column */
+	return STORE_ERR_FATAL;
 }
 
 /* The changes that need a transaction: everything but building indexes on an existing table.
