@@ -1,5 +1,6 @@
 /* Internals shared by the store's .c files (not installed, not for other modules): the handle,
- * sending requests and reading answers, error classification and text-array encoding. */
+ * connecting, sending requests and reading answers, error classification and text-array
+ * encoding. */
 #ifndef OUTBOX_STORE_STORE_PRIVATE_H
 #define OUTBOX_STORE_STORE_PRIVATE_H
 
@@ -154,6 +155,34 @@ struct store {
 	char *arr[STORE_SLOT_COUNT];
 	size_t arr_cap[STORE_SLOT_COUNT];
 };
+
+/* ---- connection.c ---- */
+/* Clears the descriptor store_interrupt() may use, before the socket is closed. */
+void store_forget_fd(struct store *s);
+
+/* ---- connect_targets.c: where to connect, one attempt at a time ---- */
+/* keyword=value pairs for one connection attempt (NULL-terminated, borrowed strings). */
+struct store_attempt {
+	const char *keys[64];
+	const char *vals[64];
+	int n;
+	int64_t timeout_ms;
+};
+/* Adds key=val (borrowed; nothing when val is NULL or a is full), keeping a NULL-terminated. */
+void store_attempt_add(struct store_attempt *a, const char *key, const char *val);
+/* Adds the relay's own settings (keepalives, timeouts, read-write, UTF8) to a, before the
+ * user's, which win; user_timeout[n] holds the text of tcp_user_timeout, borrowed by a. */
+void store_add_defaults(struct store *s, struct store_attempt *a, char *user_timeout, size_t n);
+/* One attempt, polled within a->timeout_ms and the shutdown deadline: the new connection
+ * (caller PQfinish()es; maybe CONNECTION_BAD), or NULL when out of memory or the time ran out,
+ * *aborted telling the shutdown deadline. s->conn is left as it was. */
+PGconn *store_connect_once(struct store *s, const struct store_attempt *a, int expand,
+                           bool *aborted);
+/* Connects s->conn to the first address that accepts and is writable, of every host libpq
+ * would try, each with its own timeout: 0, or STORE_ERR_CONN (the error text and s->server
+ * tell the last failure), _ABORTED (the shutdown deadline), _FATAL (database.url does not
+ * parse) or _NOMEM. */
+int store_open_connection(struct store *s) __attribute__((warn_unused_result));
 
 /* ---- schema.c ---- */
 /* Splits a validated table name into its schema part ("" when none) and its base name. */
