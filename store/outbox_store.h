@@ -447,7 +447,7 @@ int store_migrate(struct store *s) __attribute__((warn_unused_result));
  * nothing): setting the seq sequence's CACHE to 1 leaves the values sessions cached before. */
 const char *store_notice(const struct store *s);
 /* Whether the sequence behind the table's seq column hands out values one at a time, as the
- * ordering watermark needs (store/schema.c): 0 when it does (or the table or its sequence is
+ * ordering watermark needs (store/migrate.c): 0 when it does (or the table or its sequence is
  * missing: other checks say so), 1 when it has CACHE > 1 (store_errmsg() names the sequence
  * and the fix, one line), or an error. The relay's connections and replay refuse such a
  * table (STORE_ERR_FATAL, same message). */
