@@ -3,7 +3,7 @@
 # tests, on free loopback ports, so they can run beside any other server on the machine.
 # Usage: tests/services.sh start DIR | stop DIR   (start writes DIR/env with export lines)
 # Sourced (as tests/ha/services.sh does), it only defines its functions: port_busy, free_port,
-# pg_bindir, rmq_bindir, show_log, now_ms and stop_epmd use the caller's die().
+# pg_bindir, rmq_bindir, show_log, now_ms, stop_epmd, die and usage.
 set -euo pipefail
 
 # True when something accepts connections on 127.0.0.1:$1. ss sees listeners of every user;
@@ -303,11 +303,10 @@ do_stop() {
 	return $rc
 }
 
-# Sourced: the functions only.
-[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
-
+# Messages carry the name of the script that runs (a caller that sources this file sets
+# services_name first).
 die() {
-	echo "services.sh: $*" >&2
+	echo "${services_name:-services.sh}: $*" >&2
 	exit 1
 }
 
@@ -315,6 +314,9 @@ usage() {
 	echo "usage: $0 start|stop DIR" >&2
 	exit 2
 }
+
+# Sourced: the functions only.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 [ $# -eq 2 ] || usage
 cmd=$1

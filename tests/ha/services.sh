@@ -5,25 +5,16 @@
 # Usage: tests/ha/services.sh start DIR | stop DIR
 set -euo pipefail
 
-die() {
-	echo "ha/services.sh: $*" >&2
-	exit 1
-}
-
-usage() {
-	echo "usage: $0 start|stop DIR" >&2
-	exit 2
-}
+here=$(cd "$(dirname "$0")" && pwd)
+# port_busy, free_port, pg_bindir, rmq_bindir, show_log, now_ms, stop_epmd, die and usage: the
+# same as for the single servers of the other suites.
+services_name=ha/services.sh
+# shellcheck source=tests/services.sh
+. "$here/../services.sh"
 
 [ $# -eq 2 ] || usage
 cmd=$1
 dir=$2
-here=$(cd "$(dirname "$0")" && pwd)
-
-# port_busy, free_port, pg_bindir, rmq_bindir, show_log, now_ms and stop_epmd: the same as
-# for the single servers of the other suites.
-# shellcheck source=tests/services.sh
-. "$here/../services.sh"
 
 # ---- start ----
 
