@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/outbox_row.h"
+
 enum broker_err {
 	BROKER_OK = 0,
 	BROKER_ERR_CONN = -1,    /* connection lost / refused / channel closed for a reason that
@@ -55,25 +57,6 @@ struct broker_options {
 	 * culprit search), clock_mono_ms() is stored here at least once a second, so that a long
 	 * wait that is still working can be told from a stuck one. */
 	atomic_llong *progress_ms;
-};
-
-/* One row to publish, as stored. All borrowed; must stay valid from broker_publish() until
- * the matching broker_confirm() returns (rows may be republished inside it). */
-struct broker_message {
-	const char *id; /* -> message_id */
-	const char *exchange;
-	const char *routing_key;
-	const char *body;
-	size_t body_len;
-	const char *body_encoding; /* "utf-8" | "base64" */
-	const char *content_type;
-	const char *headers_json;
-	const char *properties_json;
-	int64_t timestamp_s; /* created_at */
-	/* A row that failed before: published after every other row of the batch has its
-	 * answer, with the other such rows, so that a publish that closes the channel again
-	 * (403, 406) cannot cost the rest of the batch a duplicate. */
-	bool retry;
 };
 
 enum broker_outcome {
@@ -156,8 +139,8 @@ void broker_interrupt(struct broker *b);
 int broker_service(struct broker *b) __attribute__((warn_unused_result));
 
 /* Validates and publishes n messages (mandatory, persistent, DESIGN §5 mapping), in order
- * but for rows marked retry and rows whose body is larger than any this connection has
- * delivered yet, which broker_confirm() publishes last (a large body is published alone,
+ * but for rows that failed before (attempts > 0) and rows whose body is larger than any this
+ * connection has delivered yet, which broker_confirm() publishes last (a large body is published alone,
  * once every other row has its answer: if it exceeds the broker's max_message_size, the
  * close that follows blames it and nothing else). res[i] is set to BROKER_INVALID (with
  * error) for rows that can never be published — those are not sent: everything message_map()
@@ -169,7 +152,7 @@ int broker_service(struct broker *b) __attribute__((warn_unused_result));
  * connection is then unusable, so the call returns BROKER_ERR_CONN with every other
  * unanswered row PENDING (rows already answered keep their outcome). msgs and res are
  * borrowed and must stay valid until broker_confirm() returns. */
-int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
+int broker_publish(struct broker *b, const struct outbox_row *msgs, size_t n,
                    struct broker_result *res) __attribute__((warn_unused_result));
 
 /* Every wait for the batch about to be published (the exchange check, its confirms, the
@@ -189,7 +172,7 @@ void broker_set_batch_deadline(struct broker *b, int64_t deadline_ms);
  * (duplicates possible, never loss). A basic.return that matches no row waiting for its
  * answer fails the batch with BROKER_ERR_CONN. Returns BROKER_OK when every row has an
  * outcome other than PENDING, else the error, leaving unanswered rows PENDING. */
-int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n,
+int broker_confirm(struct broker *b, const struct outbox_row *msgs, size_t n,
                    struct broker_result *res) __attribute__((warn_unused_result));
 
 #endif

@@ -73,7 +73,7 @@ struct broker {
 	char rpc_close_text[CLOSE_TEXT_MAX];
 
 	/* The batch in flight: set by broker_publish(), answered by broker_confirm(). */
-	const struct broker_message *msgs;
+	const struct outbox_row *msgs;
 	struct broker_result *res;
 	size_t n;
 	bool active;

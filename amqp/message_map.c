@@ -369,7 +369,7 @@ static int check_shortstr(const char *column, const char *s, char *err, size_t e
 	return MESSAGE_MAP_OK;
 }
 
-static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_bytes_t *out, char *err,
+static int map_body(const struct outbox_row *m, amqp_pool_t *pool, amqp_bytes_t *out, char *err,
                     size_t errlen)
 {
 	const char *enc = m->body_encoding;
@@ -399,7 +399,7 @@ static int map_body(const struct broker_message *m, amqp_pool_t *pool, amqp_byte
 	return MESSAGE_MAP_OK;
 }
 
-int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
+int message_map(const struct outbox_row *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
                 amqp_bytes_t *body, char *err, size_t errlen)
 {
 	amqp_basic_properties_t p;
@@ -422,20 +422,20 @@ int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_pr
 	           AMQP_BASIC_TIMESTAMP_FLAG;
 	p.message_id = amqp_cstring_bytes(m->id);
 	p.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-	p.timestamp = m->timestamp_s > 0 ? (uint64_t)m->timestamp_s : 0;
+	p.timestamp = m->created_at_s > 0 ? (uint64_t)m->created_at_s : 0;
 	if (m->content_type != NULL && m->content_type[0] != '\0') {
 		p.content_type = amqp_cstring_bytes(m->content_type);
 		p._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
 	}
-	if (!empty_object(m->headers_json)) {
-		rc = map_headers(m->headers_json, pool, &p.headers, err, errlen);
+	if (!empty_object(m->headers)) {
+		rc = map_headers(m->headers, pool, &p.headers, err, errlen);
 		if (rc != MESSAGE_MAP_OK)
 			return rc;
 		if (p.headers.num_entries > 0)
 			p._flags |= AMQP_BASIC_HEADERS_FLAG;
 	}
-	if (!empty_object(m->properties_json)) {
-		rc = map_properties(m->properties_json, pool, &p, err, errlen);
+	if (!empty_object(m->properties)) {
+		rc = map_properties(m->properties, pool, &p, err, errlen);
 		if (rc != MESSAGE_MAP_OK)
 			return rc;
 	}

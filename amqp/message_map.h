@@ -31,7 +31,7 @@ enum message_map_err {
  * publish. On failure nothing is written to props or
  * body; for MESSAGE_MAP_INVALID err (errlen bytes, caller's) gets one line naming the
  * column and the problem, e.g. "properties: unknown property 'foo'". */
-int message_map(const struct broker_message *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
+int message_map(const struct outbox_row *m, amqp_pool_t *pool, amqp_basic_properties_t *props,
                 amqp_bytes_t *body, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 /* Bytes of message_map_trace_id()'s answer: 32 hex digits and a NUL. */

@@ -159,7 +159,7 @@ static bool encodable(struct broker *b, size_t i, char *text, size_t n)
 
 static int publish_row(struct broker *b, size_t i)
 {
-	const struct broker_message *m = &b->msgs[i];
+	const struct outbox_row *m = &b->msgs[i];
 	char text[128];
 	uint64_t tag;
 	int rc;
@@ -241,20 +241,20 @@ static void fill_results(struct broker *b)
 /* Rows that broker_confirm() publishes after the others have their answers. */
 static bool deferred(const struct broker *b, size_t i)
 {
-	return b->msgs[i].retry || b->bodies[i].len > b->proven_body;
+	return b->msgs[i].attempts > 0 || b->bodies[i].len > b->proven_body;
 }
 
 _Static_assert(sizeof(((struct broker_result *)0)->trace_id) == MESSAGE_MAP_TRACE_ID_SIZE,
                "broker_result.trace_id holds what message_map_trace_id() writes");
 
-int broker_publish(struct broker *b, const struct broker_message *msgs, size_t n,
+int broker_publish(struct broker *b, const struct outbox_row *msgs, size_t n,
                    struct broker_result *res)
 {
 	size_t sent = 0, frame_max;
 	int rc = BROKER_OK;
 
 	for (size_t i = 0; i < n; i++)
-		message_map_trace_id(msgs[i].headers_json, res[i].trace_id);
+		message_map_trace_id(msgs[i].headers, res[i].trace_id);
 	b->active = false;
 	if (!b->connected) {
 		broker_set_err(b, "not connected to broker");
@@ -553,7 +553,7 @@ static int publish_group(struct broker *b, bool retry)
 
 	update_proven(b);
 	for (size_t i = 0; i < b->n && !b->channel_closed; i++) {
-		if (b->msgs[i].retry != retry || !ready_to_send(b, i))
+		if ((b->msgs[i].attempts > 0) != retry || !ready_to_send(b, i))
 			continue;
 		if (b->bodies[i].len > b->proven_body) {
 			if (sent > 0)
@@ -604,7 +604,7 @@ static int settle(struct broker *b, int64_t deadline_ms)
 	}
 }
 
-int broker_confirm(struct broker *b, const struct broker_message *msgs, size_t n,
+int broker_confirm(struct broker *b, const struct outbox_row *msgs, size_t n,
                    struct broker_result *res)
 {
 	int64_t deadline_ms = batch_wait_end(b);

@@ -76,7 +76,6 @@ struct worker {
 	char marking_token[STORE_TOKEN_MAX];
 
 	size_t cap; /* capacity of the arrays below */
-	struct broker_message *msgs;
 	struct broker_result *res;
 	int64_t *published;    /* seqs of the rows confirmed in this batch */
 	const char **released; /* ids never answered */
@@ -399,7 +398,6 @@ static int grow(struct worker *w, size_t n)
 			return -1;                              \
 		w->field = p;                                   \
 	} while (0)
-	GROW(msgs);
 	GROW(res);
 	GROW(published);
 	GROW(released);
@@ -486,7 +484,7 @@ static int pay_owed(struct worker *w)
 	return 0;
 }
 
-static void log_failure(struct worker *w, const struct store_row *row,
+static void log_failure(struct worker *w, const struct outbox_row *row,
                         const struct broker_result *res, const struct store_failure *f,
                         int attempts, enum log_level retry_level)
 {
@@ -552,20 +550,6 @@ static int finish_mark(struct worker *w)
 static void prepare(struct worker *w, const struct store_batch *b)
 {
 	for (size_t i = 0; i < b->n; i++) {
-		const struct store_row *r = &b->rows[i];
-		struct broker_message *m = &w->msgs[i];
-
-		m->id = r->id;
-		m->exchange = r->exchange;
-		m->routing_key = r->routing_key;
-		m->body = r->body;
-		m->body_len = r->body_len;
-		m->body_encoding = r->body_encoding;
-		m->content_type = r->content_type;
-		m->headers_json = r->headers;
-		m->properties_json = r->properties;
-		m->timestamp_s = r->created_at_s;
-		m->retry = r->attempts > 0;
 		w->res[i].outcome = BROKER_PENDING;
 		w->res[i].error[0] = '\0';
 		w->res[i].confirm_us = 0;
@@ -593,7 +577,7 @@ struct settled {
 	 * debug, the batch once (nacked_most()). back_off: a broker condition
 	 * (worker_nacks_back_off), else one destination's, the first nacked row's. */
 	bool quiet_nacks, back_off;
-	const struct store_row *nacked_row;
+	const struct outbox_row *nacked_row;
 };
 
 /* Sorts every row of b by the broker's answer into published[], failures[] and released[];
@@ -603,7 +587,7 @@ struct settled {
 static void classify(struct worker *w, const struct store_batch *b, struct settled *st)
 {
 	const struct config *cfg = w->cfg;
-	const struct store_row *first = NULL;
+	const struct outbox_row *first = NULL;
 	size_t nacked = 0;
 	bool one_destination = true;
 
@@ -623,7 +607,7 @@ static void classify(struct worker *w, const struct store_batch *b, struct settl
 	st->nacked_row = first;
 
 	for (size_t i = 0; i < b->n; i++) {
-		const struct store_row *r = &b->rows[i];
+		const struct outbox_row *r = &b->rows[i];
 		struct broker_result *res = &w->res[i];
 		struct store_failure *f;
 		int attempts;
@@ -859,7 +843,7 @@ static void cycle(struct worker *w)
 	prepare(w, x);
 	atomic_fetch_add_explicit(&g_metrics.claimed, x->n, memory_order_relaxed);
 
-	brc = broker_publish(w->broker, w->msgs, x->n, w->res);
+	brc = broker_publish(w->broker, x->rows, x->n, w->res);
 	claim_now = brc == BROKER_OK && !atomic_load(&w->relay->stopping);
 	/* A held mark goes with the claim, or on its own (finish_mark) when none follows. */
 	if (!(claim_now && w->mark == MARK_HELD) && finish_mark(w) < 0)
@@ -885,7 +869,7 @@ static void cycle(struct worker *w)
 		}
 	}
 	if (brc == BROKER_OK)
-		brc = broker_confirm(w->broker, w->msgs, x->n, w->res);
+		brc = broker_confirm(w->broker, x->rows, x->n, w->res);
 	if (claiming) {
 		rc = store_claim_recv(w->store, next);
 		if (rc < 0) {
@@ -1261,7 +1245,6 @@ void worker_free(struct worker *w)
 	broker_free(w->broker);
 	store_batch_free(&w->batches[0]);
 	store_batch_free(&w->batches[1]);
-	free(w->msgs);
 	free(w->res);
 	free(w->published);
 	free(w->released);

@@ -31,7 +31,7 @@
 
 static int cmp_row_seq(const void *a, const void *b)
 {
-	const struct store_row *x = a, *y = b;
+	const struct outbox_row *x = a, *y = b;
 
 	return (x->seq > y->seq) - (x->seq < y->seq);
 }
@@ -274,7 +274,7 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 		nt -= (int)(out->n_cut + out->n_refused);
 	}
 	if ((size_t)nt > out->cap) {
-		struct store_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
+		struct outbox_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
 		if (!r)
 			goto nomem;
 		out->rows = r;
@@ -294,7 +294,7 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 			goto nomem;
 	}
 	for (int i = 0; i < PQntuples(res); i++) {
-		struct store_row *r;
+		struct outbox_row *r;
 		const char **dst[COL_ORDERING_KEY - COL_ID + 1];
 		int64_t v;
 

@@ -204,7 +204,7 @@ int store_release_all(struct store *s)
 
 static const char *row_id_at(const void *items, size_t i)
 {
-	return ((const struct store_row *)items)[i].id;
+	return ((const struct outbox_row *)items)[i].id;
 }
 
 int store_renew(struct store *s, struct store_batch *b)

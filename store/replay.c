@@ -64,7 +64,7 @@ int store_replay_like(const char *pattern, char *out, size_t cap)
 	return 0;
 }
 
-bool store_row_replayed(const struct store_row *r)
+bool store_row_replayed(const struct outbox_row *r)
 {
 	return r->headers && strstr(r->headers, "\"" STORE_REPLAY_HEADER "\"") != NULL;
 }

@@ -61,7 +61,7 @@ enum store_inflight {
 #define STORE_WAKEUP_LOCK_CLASS "1869968482" /* 0x6f757462, "outb" */
 #define STORE_WAKEUP_TGTYPE     "4"
 
-/* Columns a store_row needs, in the order the claim returns them. */
+/* Columns an outbox_row needs, in the order the claim returns them. */
 #define STORE_ROW_COLUMNS                                                        \
 	"o.seq, o.id, o.exchange_name, o.routing_key, o.body, o.body_encoding, " \
 	"o.content_type, o.headers, o.properties, o.ordering_key, "              \

@@ -35,8 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define FIELDS 6
 
-static void check_mapped(const struct broker_message *m, amqp_pool_t *pool,
-                         amqp_basic_properties_t *p, amqp_bytes_t body)
+static void check_mapped(const struct outbox_row *m, amqp_pool_t *pool, amqp_basic_properties_t *p,
+                         amqp_bytes_t body)
 {
 	size_t n = message_map_properties_size(p);
 	unsigned char *buf, *again;
@@ -100,7 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static const char *const encodings[4] = { "utf-8", "base64", NULL, "utf-16" };
 	const char *field[FIELDS] = { "{}", "{}", "", "id-1", "application/json", "k" };
 	size_t body_len = 0;
-	struct broker_message m;
+	struct outbox_row m;
 	amqp_basic_properties_t p;
 	amqp_bytes_t body;
 	amqp_pool_t pool;
@@ -136,9 +136,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	m.body_len = body_len;
 	m.body_encoding = encodings[data[0] & 3];
 	m.content_type = field[4];
-	m.headers_json = field[0];
-	m.properties_json = field[1];
-	m.timestamp_s = (int64_t)(data[0] >> 2) * 1000003;
+	m.headers = field[0];
+	m.properties = field[1];
+	m.created_at_s = (int64_t)(data[0] >> 2) * 1000003;
 
 	init_amqp_pool(&pool, 4096);
 	memset(err, 0, sizeof(err));

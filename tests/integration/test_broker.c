@@ -136,9 +136,9 @@ static void teardown(void)
 	amqp_admin_close(admin);
 }
 
-static struct broker_message msg(const char *id, const char *ex, const char *key, const char *body)
+static struct outbox_row msg(const char *id, const char *ex, const char *key, const char *body)
 {
-	struct broker_message m = {
+	struct outbox_row m = {
 		.id = id,
 		.exchange = ex,
 		.routing_key = key,
@@ -146,14 +146,14 @@ static struct broker_message msg(const char *id, const char *ex, const char *key
 		.body_len = strlen(body),
 		.body_encoding = "utf-8",
 		.content_type = "application/json",
-		.headers_json = "{}",
-		.properties_json = "{}",
-		.timestamp_s = 1700000000,
+		.headers = "{}",
+		.properties = "{}",
+		.created_at_s = 1700000000,
 	};
 	return m;
 }
 
-static int publish_confirm(struct broker_message *m, size_t n, struct broker_result *res)
+static int publish_confirm(struct outbox_row *m, size_t n, struct broker_result *res)
 {
 	int rc = broker_publish(b, m, n, res);
 
@@ -165,7 +165,7 @@ TestSuite(broker, .init = setup, .fini = teardown, .timeout = 60);
 
 Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
 {
-	struct broker_message m[3] = {
+	struct outbox_row m[3] = {
 		msg("arrive-1", exchange, "k", "{\"n\":1}"),
 		msg("arrive-2", exchange, "k", "AAEC/w=="),
 		msg("arrive-3", exchange, "k", "plain text"),
@@ -176,11 +176,11 @@ Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
 
 	m[1].body_encoding = "base64";
 	m[1].content_type = "application/octet-stream";
-	m[2].headers_json = "{\"s\":\"x\",\"i\":42,\"r\":2.5,\"t\":true,\"n\":null,"
-	                    "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
-	m[2].properties_json = "{\"correlation_id\":\"c-9\",\"reply_to\":\"r\",\"type\":\"t\","
-	                       "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
-	                       "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
+	m[2].headers = "{\"s\":\"x\",\"i\":42,\"r\":2.5,\"t\":true,\"n\":null,"
+	               "\"o\":{\"p\":\"q\"},\"a\":[1,\"b\"]}";
+	m[2].properties = "{\"correlation_id\":\"c-9\",\"reply_to\":\"r\",\"type\":\"t\","
+	                  "\"app_id\":\"shop\",\"expiration\":\"60000\",\"priority\":5,"
+	                  "\"content_encoding\":\"identity\",\"delivery_mode\":1}";
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	for (size_t i = 0; i < 3; i++) {
@@ -239,7 +239,7 @@ Test(broker, batch_arrives_with_exact_bytes_properties_and_headers)
 
 Test(broker, unroutable_row_is_returned_and_the_others_acked)
 {
-	struct broker_message m[3] = {
+	struct outbox_row m[3] = {
 		msg("ret-1", exchange, "k", "a"),
 		msg("ret-2", exchange, "nobody", "b"),
 		msg("ret-3", exchange, "k", "c"),
@@ -267,7 +267,7 @@ Test(broker, unroutable_row_is_returned_and_the_others_acked)
 Test(broker, missing_exchange_is_refused_without_sending)
 {
 	char nope[128], want[320];
-	struct broker_message m[4];
+	struct outbox_row m[4];
 	struct broker_result res[4];
 	const char *ids[4] = { "nx-1", "nx-2", "nx-3", "nx-4" };
 	size_t counts[4];
@@ -291,7 +291,7 @@ Test(broker, missing_exchange_is_refused_without_sending)
 
 Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 {
-	struct broker_message m[5] = {
+	struct outbox_row m[5] = {
 		msg("uid-1", exchange, "k", "a"), msg("uid-2", exchange, "k", "b"),
 		msg("uid-3", exchange, "k", "c"), msg("uid-4", exchange, "k", "d"),
 		msg("uid-5", exchange, "k", "e"),
@@ -309,7 +309,7 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 	         "PRECONDITION_FAILED - user_id property set to 'somebody-else' but authenticated "
 	         "user was '%s'",
 	         ci.user);
-	m[2].properties_json = "{\"user_id\":\"somebody-else\"}";
+	m[2].properties = "{\"user_id\":\"somebody-else\"}";
 	cr_assert_eq(publish_confirm(m, 5, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	for (size_t i = 0; i < 5; i++) {
 		if (i == 2)
@@ -334,7 +334,7 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
  * them is sent twice, and the row after the culprit is found and delivered once too. */
 Test(broker, retried_rows_go_last_and_cost_the_others_no_duplicate)
 {
-	struct broker_message m[6] = {
+	struct outbox_row m[6] = {
 		msg("rt-1", exchange, "k", "a"), msg("rt-2", exchange, "k", "b"),
 		msg("rt-3", exchange, "k", "c"), msg("rt-4", exchange, "k", "d"),
 		msg("rt-5", exchange, "k", "e"), msg("rt-6", exchange, "k", "f"),
@@ -344,9 +344,9 @@ Test(broker, retried_rows_go_last_and_cost_the_others_no_duplicate)
 	amqp_message_t *got;
 	size_t k = 0;
 
-	m[1].properties_json = "{\"user_id\":\"somebody-else\"}";
-	m[1].retry = true;
-	m[3].retry = true;
+	m[1].properties = "{\"user_id\":\"somebody-else\"}";
+	m[1].attempts = 1;
+	m[3].attempts = 1;
 	cr_assert_eq(publish_confirm(m, 6, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[1].outcome, BROKER_REFUSED);
 	cr_assert(strstr(res[1].error, "PRECONDITION_FAILED") != NULL, "%s", res[1].error);
@@ -371,7 +371,7 @@ Test(broker, retried_rows_go_last_and_cost_the_others_no_duplicate)
 Test(broker, full_queue_with_reject_publish_nacks)
 {
 	char full[128];
-	struct broker_message m[3] = {
+	struct outbox_row m[3] = {
 		msg("nack-1", exchange, "full", "a"),
 		msg("nack-2", exchange, "full", "b"),
 		msg("nack-3", exchange, "full", "c"),
@@ -393,7 +393,7 @@ Test(broker, full_queue_with_reject_publish_nacks)
 
 Test(broker, invalid_rows_are_not_sent)
 {
-	struct broker_message m[4] = {
+	struct outbox_row m[4] = {
 		msg("inv-1", exchange, "k", "Zm9vYmFyYmF6*A=="),
 		msg("inv-2", exchange, "k", "fine"),
 		msg("inv-3", exchange, "k", "x"),
@@ -404,8 +404,8 @@ Test(broker, invalid_rows_are_not_sent)
 	size_t counts[4];
 
 	m[0].body_encoding = "base64";
-	m[2].properties_json = "{\"priority\":12}";
-	m[3].headers_json = "[]";
+	m[2].properties = "{\"priority\":12}";
+	m[3].headers = "[]";
 	cr_assert_eq(publish_confirm(m, 4, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_INVALID);
 	cr_assert_str_eq(res[0].error, "body: invalid base64 at offset 12");
@@ -421,7 +421,7 @@ Test(broker, invalid_rows_are_not_sent)
 Test(broker, large_batch_is_all_acked)
 {
 	enum { N = 600 };
-	static struct broker_message m[N];
+	static struct outbox_row m[N];
 	static struct broker_result res[N];
 	static char ids[N][32];
 	amqp_message_t *got;
@@ -483,7 +483,7 @@ static char *big_headers(size_t nkeys, size_t vlen)
 Test(broker, headers_beyond_the_frame_are_invalid_and_the_others_published)
 {
 	char *big = big_headers(200, 1000);
-	struct broker_message m[3] = {
+	struct outbox_row m[3] = {
 		msg("hdr-1", exchange, "k", "a"),
 		msg("hdr-2", exchange, "k", "b"),
 		msg("hdr-3", exchange, "k", "c"),
@@ -492,7 +492,7 @@ Test(broker, headers_beyond_the_frame_are_invalid_and_the_others_published)
 	const char *ids[3] = { "hdr-1", "hdr-2", "hdr-3" };
 	size_t counts[3];
 
-	m[1].headers_json = big;
+	m[1].headers = big;
 	cr_assert_eq(broker_publish(b, m, 3, res), BROKER_OK, "publish: %s", broker_errmsg(b));
 	cr_assert_eq(res[1].outcome, BROKER_INVALID, "checked before publishing");
 	cr_assert_eq(broker_confirm(b, m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
@@ -513,7 +513,7 @@ Test(broker, headers_beyond_the_frame_are_invalid_and_the_others_published)
  * published (the library would fail one byte more), one byte more is refused up front. */
 Test(broker, headers_exactly_at_the_frame_limit_publish_one_byte_more_is_invalid)
 {
-	struct broker_message m[2] = {
+	struct outbox_row m[2] = {
 		msg("edge-fits", exchange, "k", "a"),
 		msg("edge-over", exchange, "k", "b"),
 	};
@@ -528,7 +528,7 @@ Test(broker, headers_exactly_at_the_frame_limit_publish_one_byte_more_is_invalid
 
 	/* Calibrate: the frame of a row whose only header is "pad":"" */
 	init_amqp_pool(&pool, 4096);
-	m[0].headers_json = "{\"pad\":\"\"}";
+	m[0].headers = "{\"pad\":\"\"}";
 	cr_assert_eq(message_map(&m[0], &pool, &p, &body, err, sizeof(err)), MESSAGE_MAP_OK, "%s",
 	             err);
 	base = message_map_properties_size(&p) + MESSAGE_MAP_HEADER_FRAME_OVERHEAD;
@@ -540,8 +540,8 @@ Test(broker, headers_exactly_at_the_frame_limit_publish_one_byte_more_is_invalid
 	cr_assert(fits != NULL && over != NULL);
 	snprintf(fits, pad + 32, "{\"pad\":\"%0*d\"}", (int)pad, 0);
 	snprintf(over, pad + 32, "{\"pad\":\"%0*d\"}", (int)pad + 1, 0);
-	m[0].headers_json = fits;
-	m[1].headers_json = over;
+	m[0].headers = fits;
+	m[1].headers = over;
 
 	cr_assert_eq(publish_confirm(m, 2, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_ACKED, "at the limit: %d %s", res[0].outcome,
@@ -568,7 +568,7 @@ Test(broker, body_over_max_message_size_is_invalid_and_remembered, .timeout = 12
 {
 	size_t big_len = 5 * 1024 * 1024;
 	char *big = malloc(big_len + 1);
-	struct broker_message m[5] = {
+	struct outbox_row m[5] = {
 		msg("max-1", exchange, "k", "a"), msg("max-2", exchange, "k", "b"),
 		msg("max-3", exchange, "k", "c"), msg("max-4", exchange, "k", "d"),
 		msg("max-5", exchange, "k", "e"),
@@ -612,14 +612,14 @@ Test(broker, body_over_max_message_size_is_invalid_and_remembered, .timeout = 12
 Test(broker, a_row_the_library_cannot_encode_is_invalid_and_the_rest_pending)
 {
 	char *big = big_headers(200, 1000);
-	struct broker_message m[3] = {
+	struct outbox_row m[3] = {
 		msg("enc-1", exchange, "k", "a"),
 		msg("enc-2", exchange, "k", "b"),
 		msg("enc-3", exchange, "k", "c"),
 	};
 	struct broker_result res[3];
 
-	m[1].headers_json = big;
+	m[1].headers = big;
 	broker_test_skip_frame_check(b, true);
 	cr_assert_eq(broker_publish(b, m, 3, res), BROKER_ERR_CONN);
 	cr_assert_eq(res[1].outcome, BROKER_INVALID);
@@ -646,7 +646,7 @@ Test(broker, a_row_the_library_cannot_encode_is_invalid_and_the_rest_pending)
 Test(broker, a_return_for_no_row_in_flight_fails_the_batch)
 {
 	char id[32] = "stray-1";
-	struct broker_message m[1] = { msg(id, exchange, "nobody", "a") };
+	struct outbox_row m[1] = { msg(id, exchange, "nobody", "a") };
 	struct broker_result res[1];
 
 	cr_assert_eq(broker_publish(b, m, 1, res), BROKER_OK, "publish: %s", broker_errmsg(b));
@@ -680,7 +680,7 @@ static size_t heap_in_use(void)
 Test(broker, exchange_checks_keep_memory_flat, .timeout = 300)
 {
 	char nope[128];
-	struct broker_message m[1];
+	struct outbox_row m[1];
 	struct broker_result res[1];
 	size_t before = 0, after;
 
@@ -701,14 +701,14 @@ Test(broker, exchange_checks_keep_memory_flat, .timeout = 300)
 
 Test(broker, expiration_beyond_32_bits_is_invalid)
 {
-	struct broker_message m[2] = {
+	struct outbox_row m[2] = {
 		msg("exp-1", exchange, "k", "a"),
 		msg("exp-2", exchange, "k", "b"),
 	};
 	struct broker_result res[2];
 
-	m[0].properties_json = "{\"expiration\":\"4294967295\"}";
-	m[1].properties_json = "{\"expiration\":\"4294967296\"}";
+	m[0].properties = "{\"expiration\":\"4294967295\"}";
+	m[1].properties = "{\"expiration\":\"4294967296\"}";
 	cr_assert_eq(publish_confirm(m, 2, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[0].outcome, BROKER_ACKED, "%d %s", res[0].outcome, res[0].error);
 	cr_assert_eq(res[1].outcome, BROKER_INVALID);
@@ -720,7 +720,7 @@ Test(broker, expiration_beyond_32_bits_is_invalid)
 Test(broker, many_nacks_are_each_reported)
 {
 	enum { N = 60 };
-	static struct broker_message m[N];
+	static struct outbox_row m[N];
 	static struct broker_result res[N];
 	static char ids[N][32];
 	char full[128];

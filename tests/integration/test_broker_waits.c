@@ -79,9 +79,9 @@ static void teardown(void)
 
 TestSuite(broker_waits, .init = setup, .fini = teardown, .timeout = 180);
 
-static struct broker_message msg(const char *id, const char *body, size_t len)
+static struct outbox_row msg(const char *id, const char *body, size_t len)
 {
-	struct broker_message m = {
+	struct outbox_row m = {
 		.id = id,
 		.exchange = "", /* the default exchange: nothing to check before publishing */
 		.routing_key = "broker-waits-nowhere",
@@ -89,9 +89,9 @@ static struct broker_message msg(const char *id, const char *body, size_t len)
 		.body_len = len,
 		.body_encoding = "utf-8",
 		.content_type = "application/octet-stream",
-		.headers_json = "{}",
-		.properties_json = "{}",
-		.timestamp_s = 1700000000,
+		.headers = "{}",
+		.properties = "{}",
+		.created_at_s = 1700000000,
 	};
 	return m;
 }
@@ -117,7 +117,7 @@ static void *stop_later(void *arg)
 
 Test(broker_waits, confirm_wait_ends_at_the_shutdown_deadline)
 {
-	struct broker_message m[3] = { msg("w-1", "a", 1), msg("w-2", "b", 1), msg("w-3", "c", 1) };
+	struct outbox_row m[3] = { msg("w-1", "a", 1), msg("w-2", "b", 1), msg("w-3", "c", 1) };
 	struct broker_result res[3];
 	struct stopper s = { .delay_ms = 300, .deadline_in_ms = 0 };
 	int64_t t0;
@@ -143,7 +143,7 @@ Test(broker_waits, confirm_wait_ends_at_the_shutdown_deadline)
  * longer. */
 Test(broker_waits, a_later_deadline_is_kept)
 {
-	struct broker_message m[1] = { msg("w-later", "a", 1) };
+	struct outbox_row m[1] = { msg("w-later", "a", 1) };
 	struct broker_result res[1];
 	struct stopper s = { .delay_ms = 200, .deadline_in_ms = 1500 };
 	int64_t t0;
@@ -185,7 +185,7 @@ Test(broker_waits, login_ends_at_the_shutdown_deadline)
 
 /* A publisher thread writing far more than the socket buffers hold into a stalled proxy. */
 struct publisher {
-	struct broker_message *m;
+	struct outbox_row *m;
 	struct broker_result *res;
 	size_t n;
 	atomic_int done;
@@ -210,12 +210,12 @@ static bool publisher_done(void *arg)
 Test(broker_waits, interrupt_ends_a_blocked_write)
 {
 	enum { N = 400, BODY = 100 * 1000 }; /* 40 MB: several times what the buffers take */
-	static struct broker_message m[N];
+	static struct outbox_row m[N];
 	static struct broker_result res[N];
 	static char ids[N][16];
 	char *body = malloc(BODY);
 	struct publisher p = { .m = m, .res = res, .n = N };
-	struct broker_message one[1] = { msg("w-after", "a", 1) };
+	struct outbox_row one[1] = { msg("w-after", "a", 1) };
 	struct broker_result one_res[1];
 
 	cr_assert_not_null(body);
@@ -288,7 +288,7 @@ static void *sample(void *arg)
 
 Test(broker_waits, progress_moves_during_a_long_wait)
 {
-	struct broker_message m[1] = { msg("w-progress", "a", 1) };
+	struct outbox_row m[1] = { msg("w-progress", "a", 1) };
 	struct broker_result res[1];
 	struct sampler s;
 	int64_t t0;

@@ -77,7 +77,7 @@ Test(harness, unique_names_are_distinct_identifiers)
 		          "'%c' in %s", *p, a);
 }
 
-static void weird_row(size_t i, struct harness_row *row, void *arg)
+static void weird_row(size_t i, struct outbox_row *row, void *arg)
 {
 	(void)arg;
 	row->body = i == 0 ? "tab\there\nnew line \\ backslash\r" : "ünïcødé ✓";

@@ -403,7 +403,7 @@ static bool healthz_is(void *arg)
 	return ok;
 }
 
-static void dead_row(size_t i, struct harness_row *row, void *arg)
+static void dead_row(size_t i, struct outbox_row *row, void *arg)
 {
 	(void)i;
 	(void)arg;

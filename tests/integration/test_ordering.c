@@ -33,7 +33,7 @@ struct keyed_gen {
 	char id[48], key[24], rk[48];
 };
 
-static void keyed_row(size_t i, struct harness_row *row, void *arg)
+static void keyed_row(size_t i, struct outbox_row *row, void *arg)
 {
 	struct keyed_gen *g = arg;
 	size_t k = i % g->keys;

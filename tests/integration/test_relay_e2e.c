@@ -108,7 +108,7 @@ static void mixed_for(size_t i, struct mixed *m)
 		snprintf(m->properties, sizeof(m->properties), "{}");
 }
 
-static void mixed_row(size_t i, struct harness_row *row, void *arg)
+static void mixed_row(size_t i, struct outbox_row *row, void *arg)
 {
 	struct mixed *m = arg;
 
@@ -464,7 +464,7 @@ Test(relay_e2e, retention_zero_empties_the_table, .timeout = 120)
 
 /* ---- marks that go with the next claim ---- */
 
-static void big_row(size_t i, struct harness_row *row, void *arg)
+static void big_row(size_t i, struct outbox_row *row, void *arg)
 {
 	static char body[10002];
 

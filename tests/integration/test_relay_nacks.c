@@ -37,7 +37,7 @@ static void declare_rejecting_queue(amqp_connection_state_t c, const char *q, co
 }
 
 /* Rows on two routing keys, both bound to the rejecting queue. */
-static void two_keys(size_t i, struct harness_row *row, void *arg)
+static void two_keys(size_t i, struct outbox_row *row, void *arg)
 {
 	(void)arg;
 	row->routing_key = i % 2 ? "nacks.b" : "nacks.a";

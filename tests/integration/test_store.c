@@ -357,7 +357,7 @@ Test(store, migrate_upgrades_acemq_table)
 }
 
 /* Every column of a row add() wrote, as a claim returns it. */
-static void expect_whole_row(const struct store_row *r)
+static void expect_whole_row(const struct outbox_row *r)
 {
 	cr_assert_str_eq(r->exchange, "ex");
 	cr_assert_str_eq(r->routing_key, "rk");

@@ -326,7 +326,7 @@ void harness_insert_rows(PGconn *c, const char *table, size_t n, const char *exc
 	cr_assert(PQresultStatus(res) == PGRES_COPY_IN, "COPY failed: %s", PQerrorMessage(c));
 	PQclear(res);
 	for (size_t i = 0; i < n; i++) {
-		struct harness_row row = { .exchange = exchange, .routing_key = routing_key };
+		struct outbox_row row = { .exchange = exchange, .routing_key = routing_key };
 
 		if (gen)
 			gen(i, &row, arg);

@@ -17,6 +17,8 @@
 #include <sys/types.h>
 #include <libpq-fe.h>
 
+#include "base/outbox_row.h"
+
 /* ---- environment (borrowed strings; fail the test when the variable is missing) ---- */
 const char *harness_pg_conninfo(void); /* RELAY_TEST_PG */
 const char *harness_amqp_url(void);    /* RELAY_TEST_AMQP */
@@ -65,23 +67,13 @@ char *harness_pg_string(PGconn *c, const char *fmt, ...) __attribute__((format(p
  * exclusive mode; producers test it in shared mode and let it go at once). */
 int64_t harness_wakeup_holders(PGconn *c, const char *table);
 
-/* One outbox row for harness_insert_rows(). NULL fields take the table's defaults
- * ('utf-8', 'application/json', '{}', '{}', no ordering key). */
-struct harness_row {
-	const char *id;
-	const char *exchange;
-	const char *routing_key;
-	const char *body;
-	const char *body_encoding;
-	const char *content_type;
-	const char *headers;
-	const char *properties;
-	const char *ordering_key;
-};
-
+/* harness_insert_rows() writes struct outbox_row (base/outbox_row.h): id, exchange,
+ * routing_key, body (a C string: body_len is not read), body_encoding, content_type, headers,
+ * properties and ordering_key; the other fields are the table's to set. NULL fields take the
+ * table's defaults ('utf-8', 'application/json', '{}', '{}', no ordering key). */
 /* Fills *row for row number i (0-based). Strings must stay valid until the next call; the
  * fields start zeroed except exchange and routing_key, which hold insert_rows' defaults. */
-typedef void (*harness_row_fn)(size_t i, struct harness_row *row, void *arg);
+typedef void (*harness_row_fn)(size_t i, struct outbox_row *row, void *arg);
 
 /* Inserts n rows into table with COPY in one transaction. gen may be NULL: then row i gets id
  * "<id_prefix>-<i, 7 digits>" and a small JSON body. With gen, a NULL id also gets that id. */

@@ -28,9 +28,9 @@ static void teardown(void)
 
 TestSuite(message_map, .init = setup, .fini = teardown);
 
-static struct broker_message row(const char *headers, const char *properties)
+static struct outbox_row row(const char *headers, const char *properties)
 {
-	struct broker_message m = {
+	struct outbox_row m = {
 		.id = "id-1",
 		.exchange = "orders",
 		.routing_key = "order.created",
@@ -38,9 +38,9 @@ static struct broker_message row(const char *headers, const char *properties)
 		.body_len = 7,
 		.body_encoding = "utf-8",
 		.content_type = "application/json",
-		.headers_json = headers,
-		.properties_json = properties,
-		.timestamp_s = 1700000000,
+		.headers = headers,
+		.properties = properties,
+		.created_at_s = 1700000000,
 	};
 	return m;
 }
@@ -68,7 +68,7 @@ static const amqp_field_value_t *entry(const amqp_table_t *t, const char *key)
 	return NULL;
 }
 
-static void map_ok(const struct broker_message *m, amqp_basic_properties_t *p, amqp_bytes_t *b)
+static void map_ok(const struct outbox_row *m, amqp_basic_properties_t *p, amqp_bytes_t *b)
 {
 	char err[320] = "";
 
@@ -76,7 +76,7 @@ static void map_ok(const struct broker_message *m, amqp_basic_properties_t *p, a
 	             "unexpected error: %s", err);
 }
 
-static void expect_invalid(const struct broker_message *m, const char *want)
+static void expect_invalid(const struct outbox_row *m, const char *want)
 {
 	amqp_basic_properties_t p;
 	amqp_bytes_t b = { 12345, NULL };
@@ -92,7 +92,7 @@ static void expect_invalid(const struct broker_message *m, const char *want)
 
 Test(message_map, defaults)
 {
-	struct broker_message m = row("{}", " { } ");
+	struct outbox_row m = row("{}", " { } ");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -108,7 +108,7 @@ Test(message_map, defaults)
 
 Test(message_map, every_header_type)
 {
-	struct broker_message m =
+	struct outbox_row m =
 	        row("{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"f\":false,"
 	            "\"n\":null,"
 	            "\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"four\":4}],"
@@ -169,7 +169,7 @@ Test(message_map, every_header_type)
 
 Test(message_map, every_property)
 {
-	struct broker_message m = row(
+	struct outbox_row m = row(
 	        "{}",
 	        "{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
 	        "\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
@@ -200,7 +200,7 @@ Test(message_map, every_property)
 
 Test(message_map, null_property_is_unset)
 {
-	struct broker_message m = row("{}", "{\"correlation_id\":null}");
+	struct outbox_row m = row("{}", "{\"correlation_id\":null}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -210,7 +210,7 @@ Test(message_map, null_property_is_unset)
 
 Test(message_map, base64_body)
 {
-	struct broker_message m = row("{}", "{}");
+	struct outbox_row m = row("{}", "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -224,7 +224,7 @@ Test(message_map, base64_body)
 
 Test(message_map, invalid_body)
 {
-	struct broker_message m = row("{}", "{}");
+	struct outbox_row m = row("{}", "{}");
 
 	m.body = "Zm9vYmFyYmF6*A==";
 	m.body_len = strlen(m.body);
@@ -238,19 +238,19 @@ Test(message_map, invalid_body)
 
 Test(message_map, invalid_headers)
 {
-	struct broker_message m = row("[1,2]", "{}");
+	struct outbox_row m = row("[1,2]", "{}");
 	char deep[512] = "{\"k\":";
 	char longkey[300] = "{\"";
 
 	expect_invalid(&m, "headers: not a JSON object");
-	m.headers_json = "\"text\"";
+	m.headers = "\"text\"";
 	expect_invalid(&m, "headers: not a JSON object");
-	m.headers_json = "{\"a\" 1}";
+	m.headers = "{\"a\" 1}";
 	expect_invalid(&m, "headers: invalid JSON at line 1 column 6: ':' expected near '1'");
-	m.headers_json = "";
+	m.headers = "";
 	expect_invalid(
 	        &m, "headers: invalid JSON at line 1 column 0: unexpected token near end of file");
-	m.headers_json = "{\"a\":1,\"a\":2}";
+	m.headers = "{\"a\":1,\"a\":2}";
 	expect_invalid(
 	        &m, "headers: invalid JSON at line 1 column 10: duplicate object key near '\"a\"'");
 
@@ -260,26 +260,25 @@ Test(message_map, invalid_headers)
 	for (int i = 0; i < 17; i++)
 		append(deep, sizeof(deep), "]");
 	append(deep, sizeof(deep), "}");
-	m.headers_json = deep;
+	m.headers = deep;
 	expect_invalid(&m, "headers: key 'k[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]': "
 	                   "nested deeper than 16 levels");
-	m.headers_json =
-	        "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
-	        "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
+	m.headers = "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":"
+	            "{\"l\":{\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":1}}}}}}}}}}}}}}}}}}";
 	expect_invalid(
 	        &m,
 	        "headers: key 'a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q': nested deeper than 16 levels");
 
 	memset(longkey + 2, 'k', 129);
 	append(longkey, sizeof(longkey), "\":1}");
-	m.headers_json = longkey;
+	m.headers = longkey;
 	expect_invalid(&m, "headers: key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk...': "
 	                   "longer than 128 bytes");
 }
 
 Test(message_map, sixteen_levels_of_nesting_are_fine)
 {
-	struct broker_message m = row("{\"k\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}", "{}");
+	struct outbox_row m = row("{\"k\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}", "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -290,7 +289,7 @@ Test(message_map, sixteen_levels_of_nesting_are_fine)
 Test(message_map, header_key_of_128_bytes_is_fine)
 {
 	char key[200] = "{\"";
-	struct broker_message m = row(key, "{}");
+	struct outbox_row m = row(key, "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
@@ -302,48 +301,48 @@ Test(message_map, header_key_of_128_bytes_is_fine)
 
 Test(message_map, invalid_properties)
 {
-	struct broker_message m = row("{}", "{\"foo\":1}");
+	struct outbox_row m = row("{}", "{\"foo\":1}");
 	char longstr[320] = "{\"app_id\":\"";
 
 	expect_invalid(&m, "properties: unknown property 'foo'");
-	m.properties_json = "{\"message_id\":\"x\"}";
+	m.properties = "{\"message_id\":\"x\"}";
 	expect_invalid(&m, "properties: unknown property 'message_id'");
-	m.properties_json = "[]";
+	m.properties = "[]";
 	expect_invalid(&m, "properties: not a JSON object");
-	m.properties_json = "{";
+	m.properties = "{";
 	expect_invalid(&m, "properties: invalid JSON at line 1 column 1: "
 	                   "string or '}' expected near end of file");
-	m.properties_json = "{\"priority\":12}";
+	m.properties = "{\"priority\":12}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got 12");
-	m.properties_json = "{\"priority\":-1}";
+	m.properties = "{\"priority\":-1}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got -1");
-	m.properties_json = "{\"priority\":\"high\"}";
+	m.properties = "{\"priority\":\"high\"}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got \"high\"");
-	m.properties_json = "{\"priority\":1.5}";
+	m.properties = "{\"priority\":1.5}";
 	expect_invalid(&m, "properties: priority must be an integer 0-9, got 1.5");
-	m.properties_json = "{\"expiration\":60000}";
+	m.properties = "{\"expiration\":60000}";
 	expect_invalid(&m, "properties: expiration must be a string of digits");
-	m.properties_json = "{\"expiration\":\"-1\"}";
+	m.properties = "{\"expiration\":\"-1\"}";
 	expect_invalid(&m, "properties: expiration must be a string of digits");
-	m.properties_json = "{\"expiration\":\"\"}";
+	m.properties = "{\"expiration\":\"\"}";
 	expect_invalid(&m, "properties: expiration must be a string of digits");
-	m.properties_json = "{\"delivery_mode\":3}";
+	m.properties = "{\"delivery_mode\":3}";
 	expect_invalid(&m, "properties: delivery_mode must be 1 or 2");
-	m.properties_json = "{\"delivery_mode\":\"2\"}";
+	m.properties = "{\"delivery_mode\":\"2\"}";
 	expect_invalid(&m, "properties: delivery_mode must be 1 or 2");
-	m.properties_json = "{\"correlation_id\":5}";
+	m.properties = "{\"correlation_id\":5}";
 	expect_invalid(&m, "properties: correlation_id must be a string");
 
 	memset(longstr + 11, 'a', 256);
 	append(longstr, sizeof(longstr), "\"}");
-	m.properties_json = longstr;
+	m.properties = longstr;
 	expect_invalid(&m, "properties: app_id longer than 255 bytes");
 }
 
 Test(message_map, invalid_columns)
 {
 	char longname[300];
-	struct broker_message m = row("{}", "{}");
+	struct outbox_row m = row("{}", "{}");
 
 	memset(longname, 'x', 256);
 	longname[256] = '\0';
@@ -359,34 +358,34 @@ Test(message_map, invalid_columns)
 
 Test(message_map, quoted_names_stay_on_one_line)
 {
-	struct broker_message m = row("{}", "{\"a\\nb\":1}");
+	struct outbox_row m = row("{}", "{\"a\\nb\":1}");
 
 	expect_invalid(&m, "properties: unknown property 'a?b'");
 }
 
 Test(message_map, expiration_at_most_32_bits)
 {
-	struct broker_message m = row("{}", "{\"expiration\":\"4294967295\"}");
+	struct outbox_row m = row("{}", "{\"expiration\":\"4294967295\"}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 
 	map_ok(&m, &p, &b);
 	cr_assert(bytes_is(p.expiration, "4294967295"));
-	m.properties_json = "{\"expiration\":\"0004294967295\"}";
+	m.properties = "{\"expiration\":\"0004294967295\"}";
 	map_ok(&m, &p, &b);
-	m.properties_json = "{\"expiration\":\"0\"}";
+	m.properties = "{\"expiration\":\"0\"}";
 	map_ok(&m, &p, &b);
-	m.properties_json = "{\"expiration\":\"4294967296\"}";
+	m.properties = "{\"expiration\":\"4294967296\"}";
 	expect_invalid(&m, "properties: expiration must be at most 4294967295");
-	m.properties_json = "{\"expiration\":\"18446744073709551616\"}";
+	m.properties = "{\"expiration\":\"18446744073709551616\"}";
 	expect_invalid(&m, "properties: expiration must be at most 4294967295");
-	m.properties_json = "{\"expiration\":\"99999999999999999999999999999999999999999\"}";
+	m.properties = "{\"expiration\":\"99999999999999999999999999999999999999999\"}";
 	expect_invalid(&m, "properties: expiration must be at most 4294967295");
 }
 
 /* message_map_properties_size() against rabbitmq-c's own encoder: the exact size encodes,
  * one byte less does not. */
-static void expect_size_matches_library(const struct broker_message *m)
+static void expect_size_matches_library(const struct outbox_row *m)
 {
 	amqp_basic_properties_t p;
 	amqp_bytes_t b, out;
@@ -401,7 +400,7 @@ static void expect_size_matches_library(const struct broker_message *m)
 	out.bytes = buf;
 	out.len = size + 64;
 	cr_assert_eq(amqp_encode_properties(AMQP_BASIC_CLASS, &p, out), (int)size,
-	             "headers %s properties %s", m->headers_json, m->properties_json);
+	             "headers %s properties %s", m->headers, m->properties);
 	out.len = size;
 	cr_assert_eq(amqp_encode_properties(AMQP_BASIC_CLASS, &p, out), (int)size);
 	out.len = size - 1;
@@ -411,27 +410,26 @@ static void expect_size_matches_library(const struct broker_message *m)
 
 Test(message_map, encoded_size_is_what_rabbitmq_c_writes)
 {
-	struct broker_message m = row("{}", "{}");
+	struct outbox_row m = row("{}", "{}");
 
 	expect_size_matches_library(&m);
-	m.headers_json =
-	        "{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"n\":null,"
-	        "\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"f\":4}],"
-	        "\"e\":[],\"eo\":{},\"z\":\"nul\\u0000byte\"}";
+	m.headers = "{\"s\":\"text\",\"i\":-9007199254740993,\"r\":1.5,\"t\":true,\"n\":null,"
+	            "\"o\":{\"inner\":{\"deep\":\"x\"},\"k\":2},\"a\":[1,\"two\",[3],{\"f\":4}],"
+	            "\"e\":[],\"eo\":{},\"z\":\"nul\\u0000byte\"}";
 	expect_size_matches_library(&m);
-	m.properties_json =
+	m.properties =
 	        "{\"correlation_id\":\"c-1\",\"reply_to\":\"replies\",\"type\":\"order.created\","
 	        "\"app_id\":\"shop\",\"user_id\":\"guest\",\"expiration\":\"60000\",\"priority\":7,"
 	        "\"content_encoding\":\"gzip\",\"delivery_mode\":1}";
 	expect_size_matches_library(&m);
 	m.content_type = "";
-	m.headers_json = "{}";
+	m.headers = "{}";
 	expect_size_matches_library(&m);
 }
 
 Test(message_map, frame_check_at_the_limit)
 {
-	struct broker_message m = row("{\"k\":\"value\"}", "{}");
+	struct outbox_row m = row("{\"k\":\"value\"}", "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
 	char err[320] = "";
@@ -469,7 +467,7 @@ Test(message_map, body_check_against_max_message_size)
  * error stays one line (found by fuzz_message_map). */
 Test(message_map, json_errors_stay_on_one_line)
 {
-	struct broker_message m = row("{\"tracep\\\n\n \nccccc\":87", "{}");
+	struct outbox_row m = row("{\"tracep\\\n\n \nccccc\":87", "{}");
 
 	expect_invalid(&m, "headers: invalid JSON at line 2 column 0: invalid escape near "
 	                   "'\"tracep\\?'");
@@ -482,7 +480,7 @@ Test(message_map, json_errors_stay_on_one_line)
 
 Test(message_map, trace_context_headers_are_amqp_strings)
 {
-	struct broker_message m = row(
+	struct outbox_row m = row(
 	        "{\"tenant\":\"acme\",\"traceparent\":\"" TP "\",\"tracestate\":\"" TS "\"}", "{}");
 	amqp_basic_properties_t p;
 	amqp_bytes_t b;
@@ -594,7 +592,7 @@ Test(message_map, the_producer_library_check_agrees)
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct broker_message m = row(cases[i], "{}");
+		struct outbox_row m = row(cases[i], "{}");
 		amqp_basic_properties_t p;
 		amqp_bytes_t b;
 		struct jscan_result res;
