@@ -13,7 +13,7 @@
 #include "relay/log.h"
 #include "relay/metrics.h"
 #include "relay/relay.h"
-#include "store/outbox_store.h"
+#include "store/source.h"
 
 #define GAUGE_INTERVAL_MS 5000
 /* The gauges' statement may take at most 1/GAUGE_DUTY of the time (see below). */
@@ -24,8 +24,8 @@
 
 struct maintenance {
 	struct relay *relay;
-	struct store_options opts;
-	struct store *store;
+	struct source_options opts;
+	struct source *source; /* admin: the backlog and retention only */
 	pthread_t thread;
 	atomic_int stop_purge;
 	uint64_t seed;
@@ -39,10 +39,10 @@ static int64_t refresh_gauges(struct maintenance *m)
 	struct store_status st;
 	int64_t t0 = clock_mono_ms();
 
-	if (store_status(m->store, &st) < 0) {
+	if (source_backlog(m->source, &st) < 0) {
 		log_event(LOG_WARN, "maintenance", "could not read table status, will retry",
-		          LOG_STR("error", store_errmsg(m->store)));
-		store_disconnect(m->store);
+		          LOG_STR("error", source_errmsg(m->source)));
+		source_disconnect(m->source);
 		return -1;
 	}
 	atomic_store(&g_metrics.pending, st.pending);
@@ -60,11 +60,11 @@ static void purge(struct maintenance *m)
 	const struct config *cfg = m->relay->cfg;
 	int64_t deleted = 0;
 
-	if (store_purge(m->store, cfg->relay_retention_ms, PURGE_BATCH, &m->stop_purge, &deleted) <
-	    0) {
+	if (source_purge(m->source, cfg->relay_retention_ms, PURGE_BATCH, &m->stop_purge,
+	                 &deleted) < 0) {
 		log_event(LOG_WARN, "maintenance", "could not purge published rows, will retry",
-		          LOG_STR("error", store_errmsg(m->store)));
-		store_disconnect(m->store);
+		          LOG_STR("error", source_errmsg(m->source)));
+		source_disconnect(m->source);
 		return;
 	}
 	if (deleted > 0) {
@@ -98,32 +98,32 @@ static void *maintenance_main(void *arg)
 		int64_t now = clock_mono_ms(), wait;
 		struct pollfd p = { .fd = m->relay->wake_fd, .events = POLLIN };
 
-		if (!store_connected(m->store) && now >= retry_at) {
-			if (store_connect(m->store) < 0) {
+		if (!source_connected(m->source) && now >= retry_at) {
+			if (source_connect(m->source) < 0) {
 				failures++;
 				retry_at = now + backoff_ms(500, 30000, failures, &m->seed);
 				if (failures == 1)
 					log_event(LOG_WARN, "maintenance",
 					          "could not connect to database, will retry",
-					          LOG_STR("error", store_errmsg(m->store)));
+					          LOG_STR("error", source_errmsg(m->source)));
 			} else {
 				failures = 0;
 			}
 		}
-		if (store_connected(m->store)) {
+		if (source_connected(m->source)) {
 			if (now >= next_gauges) {
 				int64_t took = refresh_gauges(m);
 
 				next_gauges = clock_mono_ms() + maintenance_gauge_delay_ms(took);
 			}
-			if (store_connected(m->store) && cfg->relay_retention_ms > 0 &&
+			if (source_connected(m->source) && cfg->relay_retention_ms > 0 &&
 			    now >= next_purge) {
 				purge(m);
 				next_purge = now + cfg->relay_purge_interval_ms;
 			}
 		}
 		wait = next_gauges - clock_mono_ms();
-		if (!store_connected(m->store))
+		if (!source_connected(m->source))
 			wait = retry_at - clock_mono_ms();
 		if (wait < 10)
 			wait = 10;
@@ -131,7 +131,7 @@ static void *maintenance_main(void *arg)
 			wait = GAUGE_INTERVAL_MS;
 		(void)poll(&p, 1, (int)wait);
 	}
-	store_disconnect(m->store);
+	source_disconnect(m->source);
 	return NULL;
 }
 
@@ -144,12 +144,13 @@ struct maintenance *maintenance_start(struct relay *r)
 		return NULL;
 	m->relay = r;
 	m->seed = (uint64_t)clock_mono_us() | 1;
-	relay_store_options(cfg, r, true, "outbox-relay maintenance", &m->opts);
-	m->opts.channel = "";
-	m->store = store_new(&m->opts);
-	if (!m->store || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
+	relay_store_options(cfg, r, true, "outbox-relay maintenance", &m->opts.store);
+	m->opts.store.channel = "";
+	m->opts.stopping = &r->stopping;
+	m->source = source_new(&m->opts);
+	if (!m->source || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {
 		log_event(LOG_ERROR, "maintenance", "could not start the maintenance thread");
-		store_free(m->store);
+		source_free(m->source);
 		free(m);
 		return NULL;
 	}
@@ -162,6 +163,6 @@ void maintenance_stop(struct maintenance *m)
 		return;
 	atomic_store(&m->stop_purge, 1);
 	pthread_join(m->thread, NULL);
-	store_free(m->store);
+	source_free(m->source);
 	free(m);
 }

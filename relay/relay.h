@@ -57,10 +57,6 @@ int worker_token_stem(const struct worker *w, char *out, size_t cap);
 void worker_free(struct worker *w); /* accepts NULL; the thread must have been joined */
 /* pthread entry point; arg is a struct worker *. Returns NULL. */
 void *worker_main(void *arg);
-/* How long (µs) a worker holds its next claim back after claiming rows of which none has an
- * ordering key, since_claim_us after it sent the previous claim: while they are fewer than an
- * eighth of batch_size, until 2 ms after that claim; otherwise 0 (relay/worker.c, gather()). */
-int64_t worker_gather_us(int64_t since_claim_us, size_t rows, int batch_size, bool keyed);
 /* Whether a batch of rows of which nacked were nacked by the broker (one_destination: all of
  * them to one exchange and routing key) shows a condition of the broker, for which the worker
  * backs off its connection; otherwise each nacked row backs off by itself (relay/worker.c). */
