@@ -1,0 +1,471 @@
+/* The contract of a source of rows (store/source.h), against a real PostgreSQL: what the relay's
+ * loop relies on, whichever source it runs. Every test runs against each source in SOURCES; a
+ * new source is added there and must pass them all. The test plays the broker: it gives each
+ * row its fate, as the loop would from the broker's answers. */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "store/source.h"
+#include "tests/support/fixture.h"
+#include "tests/support/harness.h"
+
+/* The sources under contract: a name for the messages, and how to make one. */
+struct source_kind {
+	const char *name;
+	struct source *(*make)(const struct source_options *o);
+};
+static const struct source_kind SOURCES[] = {
+	{ "lease", source_new },
+};
+#define N_SOURCES (sizeof(SOURCES) / sizeof(SOURCES[0]))
+
+#define POLL_MS 60000 /* long: a test never waits for the poll interval, only for events */
+#define BATCH   4
+#define WAIT_MS 30000
+
+/* What the hooks heard. */
+struct heard {
+	size_t marked, repaid, released, answered;
+};
+
+static void on_marked(void *arg, size_t rows, int64_t batch_us)
+{
+	(void)batch_us;
+	((struct heard *)arg)->marked += rows;
+}
+
+static void on_repaid(void *arg, size_t marked, size_t gone)
+{
+	((struct heard *)arg)->repaid += marked + gone;
+}
+
+static void on_released(void *arg, size_t rows)
+{
+	((struct heard *)arg)->released += rows;
+}
+
+static void on_answered(void *arg)
+{
+	((struct heard *)arg)->answered++;
+}
+
+struct under_test {
+	const struct source_kind *kind;
+	struct source_options o;
+	struct heard heard;
+	struct source *src;
+};
+
+static atomic_int g_stopping;
+
+static void open_source(struct under_test *t, const struct source_kind *kind,
+                        const struct fixture *fx, const char *relay_id)
+{
+	memset(t, 0, sizeof(*t));
+	t->kind = kind;
+	t->o.store = (struct store_options){
+		.conninfo = harness_pg_conninfo(),
+		.table = fx->table,
+		.channel = fx->table,
+		.relay_id = relay_id,
+		.application_name = "outbox-relay contract test",
+		.lease_ms = 60000,
+		.max_attempts = 3,
+		.batch_size = BATCH,
+		.wake_fd = -1,
+	};
+	t->o.confirm_timeout_ms = 5000;
+	t->o.poll_interval_ms = POLL_MS;
+	t->o.stopping = &g_stopping;
+	t->o.hooks = (struct source_hooks){ .arg = &t->heard,
+		                            .marked = on_marked,
+		                            .repaid = on_repaid,
+		                            .released = on_released,
+		                            .answered = on_answered };
+	t->src = kind->make(&t->o);
+	cr_assert_not_null(t->src, "%s: out of memory", kind->name);
+	cr_assert_eq(source_connect(t->src), 0, "%s: connect: %s", kind->name,
+	             source_errmsg(t->src));
+}
+
+static void close_source(struct under_test *t)
+{
+	source_free(t->src);
+	t->src = NULL;
+}
+
+/* The next batch, asking again while the source asks to be called back soon (it is catching
+ * up with rows committed just now); NULL once it says to come back after its poll interval
+ * (nothing to publish). */
+static const struct source_batch *next(struct under_test *t)
+{
+	int64_t end = clock_mono_ms() + WAIT_MS;
+
+	for (;;) {
+		const struct source_batch *b;
+		int64_t ask_at;
+		int rc = source_next(t->src, &b, &ask_at);
+
+		cr_assert_eq(rc, 0, "%s: next: %s (%s)", t->kind->name, source_errmsg(t->src),
+		             source_step_text(source_step(t->src)));
+		if (b)
+			return b;
+		if (ask_at - clock_mono_ms() >= POLL_MS / 2)
+			return NULL;
+		cr_assert_lt(clock_mono_ms(), end, "%s: still asked to come back soon after %d ms",
+		             t->kind->name, WAIT_MS);
+		if (ask_at > clock_mono_ms())
+			clock_sleep_us((ask_at - clock_mono_ms()) * 1000);
+	}
+}
+
+static void settle_all(struct under_test *t, const struct source_batch *b,
+                       enum source_outcome outcome)
+{
+	struct source_fate f[64] = { 0 };
+
+	cr_assert_leq(b->n, 64);
+	for (size_t i = 0; i < b->n; i++) {
+		f[i].outcome = outcome;
+		f[i].error = "contract test";
+	}
+	cr_assert_eq(source_settle(t->src, b, f), 0, "%s: settle: %s", t->kind->name,
+	             source_errmsg(t->src));
+}
+
+/* Ids of b, "a,b,c", into out. */
+static void ids(const struct source_batch *b, char *out, size_t cap)
+{
+	size_t len = 0;
+
+	out[0] = '\0';
+	for (size_t i = 0; i < b->n && len < cap; i++)
+		len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? "," : "", b->rows[i].id);
+}
+
+static void insert(struct fixture *fx, size_t n, const char *prefix)
+{
+	harness_insert_rows(fx->pg, fx->table, n, "contract_ex", "rk", prefix, NULL, NULL);
+}
+
+static struct fixture g_fx;
+
+static void setup(void)
+{
+	struct fixture_options o = { .no_consumer = true };
+
+	atomic_store(&g_stopping, 0);
+	fixture_setup(&g_fx, "src", &o);
+}
+
+static void teardown(void)
+{
+	fixture_teardown(&g_fx);
+}
+
+TestSuite(source_contract, .init = setup, .fini = teardown, .timeout = 180);
+
+/* Every committed row is handed out once, in the table's order within a batch, and batches of
+ * at most batch_size; once published, no source hands it out again. */
+Test(source_contract, every_row_goes_out_once_in_order_and_stays_published)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		char seen[64][32];
+		size_t n_seen = 0;
+
+		insert(&g_fx, 10, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		while ((b = next(&t)) != NULL) {
+			cr_assert_leq(b->n, BATCH, "%s: %zu rows in a batch", SOURCES[k].name,
+			              b->n);
+			cr_assert_gt(b->deadline_ms, clock_mono_ms(),
+			             "%s: a batch past its deadline", SOURCES[k].name);
+			for (size_t i = 0; i < b->n; i++) {
+				if (i > 0)
+					cr_assert_gt(b->rows[i].seq, b->rows[i - 1].seq);
+				for (size_t j = 0; j < n_seen; j++)
+					cr_assert_str_neq(seen[j], b->rows[i].id,
+					                  "%s: %s handed out twice",
+					                  SOURCES[k].name, b->rows[i].id);
+				cr_assert_lt(n_seen, 64);
+				snprintf(seen[n_seen++], sizeof(seen[0]), "%s", b->rows[i].id);
+				cr_assert_eq(b->rows[i].attempts, 0);
+			}
+			settle_all(&t, b, SOURCE_PUBLISHED);
+		}
+		cr_assert_eq(n_seen, 10, "%s: %zu of 10 rows handed out", SOURCES[k].name, n_seen);
+		cr_assert_eq(t.heard.marked, 10, "%s: %zu of 10 rows heard marked", SOURCES[k].name,
+		             t.heard.marked);
+		cr_assert_gt(t.heard.answered, 0);
+		close_source(&t);
+
+		/* A new source (another process, after a restart) finds nothing left. */
+		open_source(&t, &SOURCES[k], &g_fx, "contract-b");
+		cr_assert_null(next(&t), "%s: a published row came out again", SOURCES[k].name);
+		close_source(&t);
+	}
+}
+
+/* A released row comes back, its attempts unchanged; a failed one comes back with one attempt
+ * more (none for the broker's own failure), and not before its delay. */
+Test(source_contract, released_and_failed_rows_come_back_as_their_fate_says)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		struct source_fate f[3] = {
+			{ .outcome = SOURCE_RELEASED },
+			{ .outcome = SOURCE_FAILED, .error = "returned", .delay_ms = 0 },
+			{ .outcome = SOURCE_FAILED,
+			  .error = "nacked",
+			  .delay_ms = 0,
+			  .uncounted = true },
+		};
+		int attempts[3] = { -1, -1, -1 };
+
+		insert(&g_fx, 3, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(b->n, 3);
+		cr_assert_eq(source_settle(t.src, b, f), 0, "%s", source_errmsg(t.src));
+		cr_assert_eq(t.heard.released, 1, "%s: released heard %zu", SOURCES[k].name,
+		             t.heard.released);
+		for (int round = 0;
+		     round < 5 && (attempts[0] < 0 || attempts[1] < 0 || attempts[2] < 0);
+		     round++) {
+			b = next(&t);
+			if (!b)
+				break;
+			for (size_t i = 0; i < b->n; i++) {
+				const char *id = b->rows[i].id;
+				int which = id[strlen(id) - 1] - '0';
+
+				cr_assert(which >= 0 && which < 3, "%s: unknown row %s",
+				          SOURCES[k].name, id);
+				attempts[which] = b->rows[i].attempts;
+			}
+			settle_all(&t, b, SOURCE_PUBLISHED);
+		}
+		cr_assert_eq(attempts[0], 0, "%s: released row: attempts %d", SOURCES[k].name,
+		             attempts[0]);
+		cr_assert_eq(attempts[1], 1, "%s: failed row: attempts %d", SOURCES[k].name,
+		             attempts[1]);
+		cr_assert_eq(attempts[2], 0, "%s: nacked row: attempts %d", SOURCES[k].name,
+		             attempts[2]);
+		close_source(&t);
+	}
+}
+
+/* A row failed with a delay is not handed out before it; a dead row never again, and the
+ * backlog counts it dead. */
+Test(source_contract, delayed_and_dead_rows_stay_out)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		struct store_status st;
+		struct source_fate f[2] = {
+			{ .outcome = SOURCE_FAILED, .error = "later", .delay_ms = 3600000 },
+			{ .outcome = SOURCE_FAILED, .error = "never", .dead = true },
+		};
+
+		insert(&g_fx, 2, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(b->n, 2);
+		cr_assert_eq(source_settle(t.src, b, f), 0, "%s", source_errmsg(t.src));
+		cr_assert_null(next(&t), "%s: a delayed or dead row came out", SOURCES[k].name);
+		cr_assert_eq(source_backlog(t.src, &st), 0, "%s", source_errmsg(t.src));
+		cr_assert_eq(st.dead, 1, "%s: dead %lld", SOURCES[k].name, (long long)st.dead);
+		cr_assert_eq(st.pending, 1, "%s: pending %lld", SOURCES[k].name,
+		             (long long)st.pending);
+		close_source(&t);
+	}
+}
+
+/* Rows of one ordering key go out one at a time, in commit order: the next only after the
+ * previous one was published. */
+Test(source_contract, an_ordering_key_goes_out_one_row_at_a_time)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		char prefix[32], want[64], got[128];
+
+		for (int i = 0; i < 3; i++) {
+			snprintf(prefix, sizeof(prefix), "%s-k%d", SOURCES[k].name, i);
+			harness_pg_exec(g_fx.pg,
+			                "INSERT INTO %s (id, exchange_name, routing_key, body, "
+			                "ordering_key) VALUES ('%s', 'ex', 'rk', '{}', 'key-1')",
+			                g_fx.table, prefix);
+		}
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		for (int i = 0; i < 3; i++) {
+			b = next(&t);
+			cr_assert_not_null(b, "%s: key's row %d never came", SOURCES[k].name, i);
+			ids(b, got, sizeof(got));
+			snprintf(want, sizeof(want), "%s-k%d", SOURCES[k].name, i);
+			cr_assert_str_eq(got, want, "%s: batch %d", SOURCES[k].name, i);
+			settle_all(&t, b, SOURCE_PUBLISHED);
+		}
+		cr_assert_null(next(&t));
+		close_source(&t);
+	}
+}
+
+/* Fetching ahead while the broker works: the batch fetched is the next one handed out; paused
+ * (the broker went away), the source hands it back and it comes out again later. */
+Test(source_contract, a_batch_fetched_ahead_goes_out_next_or_back_when_paused)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		char first[128], again[128];
+
+		insert(&g_fx, 3 * BATCH, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(b->n, BATCH);
+		ids(b, first, sizeof(first));
+		cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		/* The third batch is fetched ahead; the broker goes away. */
+		cr_assert_eq(source_pause(t.src), 0, "%s", source_errmsg(t.src));
+		cr_assert_eq(t.heard.released, BATCH, "%s: %zu handed back", SOURCES[k].name,
+		             t.heard.released);
+		b = next(&t);
+		cr_assert_not_null(b, "%s: the handed back batch never came again",
+		                   SOURCES[k].name);
+		ids(b, again, sizeof(again));
+		cr_assert_str_neq(first, again);
+		cr_assert_eq(b->rows[0].attempts, 0);
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		cr_assert_null(next(&t));
+		cr_assert_eq(t.heard.marked, 3 * BATCH);
+		close_source(&t);
+	}
+}
+
+/* The database goes while a batch is out: the rows the broker confirmed are owed and recorded
+ * after reconnecting, never handed out again by this source. */
+Test(source_contract, confirmed_rows_are_owed_across_a_lost_connection)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t, other;
+		const struct source_batch *b;
+
+		insert(&g_fx, 2, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(b->n, 2);
+		source_disconnect(t.src); /* as after a failed call */
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		cr_assert_eq(source_owed(t.src), 2, "%s: owed %zu", SOURCES[k].name,
+		             source_owed(t.src));
+		cr_assert_eq(source_connect(t.src), 0, "%s", source_errmsg(t.src));
+		cr_assert_null(next(&t), "%s: an owed row came out again", SOURCES[k].name);
+		cr_assert_eq(t.heard.repaid, 2, "%s: repaid %zu", SOURCES[k].name, t.heard.repaid);
+		cr_assert_eq(source_owed(t.src), 0);
+		close_source(&t);
+		open_source(&other, &SOURCES[k], &g_fx, "contract-b");
+		cr_assert_null(next(&other), "%s: an owed row was left unpublished",
+		               SOURCES[k].name);
+		close_source(&other);
+	}
+}
+
+/* Two sources on one table never have the same row out at once. */
+Test(source_contract, two_sources_never_share_a_row)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test a, b;
+		const struct source_batch *ba, *bb;
+
+		insert(&g_fx, 2 * BATCH, SOURCES[k].name);
+		open_source(&a, &SOURCES[k], &g_fx, "contract-a");
+		open_source(&b, &SOURCES[k], &g_fx, "contract-b");
+		ba = next(&a);
+		bb = next(&b);
+		cr_assert_not_null(ba);
+		cr_assert_not_null(bb, "%s: the second source found nothing", SOURCES[k].name);
+		for (size_t i = 0; i < ba->n; i++)
+			for (size_t j = 0; j < bb->n; j++)
+				cr_assert_neq(ba->rows[i].seq, bb->rows[j].seq,
+				              "%s: row %s out twice", SOURCES[k].name,
+				              ba->rows[i].id);
+		settle_all(&a, ba, SOURCE_PUBLISHED);
+		settle_all(&b, bb, SOURCE_PUBLISHED);
+		close_source(&a);
+		close_source(&b);
+	}
+}
+
+/* Idle, the source arranges to be woken: a row committed later makes its descriptor readable
+ * and source_input() says so (no poll interval involved: it is a minute here). */
+Test(source_contract, a_row_committed_while_idle_wakes_the_source)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t;
+		const struct source_batch *b;
+		bool woken = false;
+		int64_t end;
+
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		cr_assert_null(next(&t));
+		cr_assert_geq(source_fd(t.src), 0);
+		insert(&g_fx, 1, SOURCES[k].name);
+		end = clock_mono_ms() + WAIT_MS;
+		while (!woken && clock_mono_ms() < end) {
+			struct pollfd p = { .fd = source_fd(t.src), .events = POLLIN };
+
+			(void)poll(&p, 1, 1000);
+			cr_assert_eq(source_input(t.src, &woken), 0, "%s", source_errmsg(t.src));
+		}
+		cr_assert(woken, "%s: not woken by a committed row", SOURCES[k].name);
+		b = next(&t);
+		cr_assert_not_null(b);
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		close_source(&t);
+	}
+}
+
+/* An orderly finish hands back what was fetched ahead: another source takes it at once. */
+Test(source_contract, finish_hands_back_what_was_fetched_ahead)
+{
+	for (size_t k = 0; k < N_SOURCES; k++) {
+		struct under_test t, other;
+		const struct source_batch *b;
+
+		insert(&g_fx, 2 * BATCH, SOURCES[k].name);
+		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
+		b = next(&t);
+		cr_assert_not_null(b);
+		cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+		settle_all(&t, b, SOURCE_PUBLISHED);
+		cr_assert_eq(source_finish(t.src), 0, "%s", source_errmsg(t.src));
+		cr_assert_eq(source_owed(t.src), 0);
+		close_source(&t);
+		open_source(&other, &SOURCES[k], &g_fx, "contract-b");
+		b = next(&other);
+		cr_assert_not_null(b, "%s: what was fetched ahead stayed leased", SOURCES[k].name);
+		cr_assert_eq(b->n, BATCH);
+		settle_all(&other, b, SOURCE_PUBLISHED);
+		close_source(&other);
+	}
+}
