@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "bench/proc.h"
-#include "tests/support/pgsql.h"
+#include "bench/drive/pgsql.h"
 
 PGconn *db_open(struct bench *b, const char *what)
 {

@@ -16,7 +16,7 @@
 #include "bench/latency.h"
 #include "bench/mq.h"
 #include "bench/proc.h"
-#include "tests/support/pgsql.h"
+#include "bench/drive/pgsql.h"
 
 #define LOAD_PRODUCERS 4         /* threads, each on its own connection */
 #define LOAD_MAX_ROWS  20000000L /* rate x seconds beyond this is refused (memory) */

@@ -8,7 +8,7 @@
 #include <amqp.h>
 
 #include "bench/bench.h"
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 
 /* New connection to the benchmark's broker with channel 1 open (close with mq_close()); NULL
  * with the reason in err. */

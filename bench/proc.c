@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "tests/support/process.h"
+#include "bench/drive/process.h"
 
 /* Starts `outbox-relay cmd` on table with stdout on out (-1 = the benchmark's); the relay's
  * stderr is always the benchmark's, so a relay that complains is seen. */

@@ -19,7 +19,7 @@
 #include "bench/db.h"
 #include "bench/mq.h"
 #include "bench/proc.h"
-#include "tests/support/pgsql.h"
+#include "bench/drive/pgsql.h"
 
 #define PRODUCERS 8 /* threads, each on its own connection */
 

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "bench/db.h"
-#include "tests/support/pgsql.h"
-#include "tests/support/process.h"
+#include "bench/drive/pgsql.h"
+#include "bench/drive/process.h"
 
 #define WAL_DUMP_MAX   (256 * 1024) /* bytes of pg_waldump output kept (about 60 lines) */
 #define WAL_DUMP_MS    300000       /* pg_waldump's bound: a 1 GB range takes seconds */

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/drive/pgsql.h"
 #include "tests/support/fault.h"
 #include "tests/support/http_probe.h"
-#include "tests/support/pgsql.h"
 
 #define ROWS 200
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 #include "tests/support/fault.h"
 #include "tests/support/fixture.h"
 #include "tests/support/ha.h"

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 #include "tests/support/fault.h"
 #include "tests/support/fixture.h"
 #include "tests/support/ha.h"

@@ -26,10 +26,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "bench/drive/process.h"
 #include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 #include "tests/support/http_probe.h"
-#include "tests/support/process.h"
 #include "tests/support/tcp_proxy.h"
 
 #define WATCHDOG_MS      2000 /* WATCHDOG_USEC: the relay feeds it every 1 s */

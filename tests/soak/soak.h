@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 
 #define SOAK_MAX_RELAYS    3
 #define SOAK_MAX_PRODUCERS 8

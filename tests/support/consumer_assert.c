@@ -1,6 +1,6 @@
 /* consumer_start(): consumer_open() for the criterion tests, failing the current test instead
  * of returning an error. Kept apart so that consumer.c links without criterion. */
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 
 #include <criterion/criterion.h>
 

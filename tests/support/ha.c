@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <jansson.h>
 
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 #include "tests/support/harness.h"
 
 /* Every RPC (declare, close, ...) gives up after this: a broker that stopped reading must

@@ -206,7 +206,7 @@ void ha_producer_each(struct ha_producer *p, ha_commit_fn fn, void *arg);
 void ha_producer_free(struct ha_producer *p); /* stops it first; accepts NULL */
 
 /* ---- what a consumer saw of the producers' rows ---- */
-struct consumer; /* tests/support/consumer.h */
+struct consumer; /* bench/drive/consumer.h */
 
 /* Rows the producers saw committed that c never received: logs the first ten ids (tagged
  * with what; what NULL logs nothing) and returns how many. */

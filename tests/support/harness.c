@@ -1,9 +1,9 @@
 /* Test harness: environment, names, PostgreSQL helpers, the relay process under test and
  * the service controls used by the integration and fault tests (see harness.h). */
 #include "tests/support/harness.h"
+#include "bench/drive/pgsql.h"
+#include "bench/drive/process.h"
 #include "store/store_private.h"
-#include "tests/support/pgsql.h"
-#include "tests/support/process.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -369,7 +369,7 @@ static void build_env(struct process_env *e, const char *table, const char *cons
 }
 
 /* process_spawn() with stdout/stderr to the given files (err_path NULL = same as out). Every
- * process the harness starts ends with the test process (see process.h). */
+ * process the harness starts ends with the test process (see bench/drive/process.h). */
 static pid_t spawn(char *const argv[], char *const envp[], const char *out_path,
                    const char *err_path)
 {

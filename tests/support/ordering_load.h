@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <libpq-fe.h>
 
-#include "tests/support/consumer.h"
+#include "bench/drive/consumer.h"
 
 struct ordering_load;
 

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench/drive/process.h"
 #include "config/config.h"
 #include "tests/support/harness.h"
-#include "tests/support/process.h"
 
 static void manpage_path(char *buf, size_t n)
 {

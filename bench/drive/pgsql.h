@@ -1,9 +1,10 @@
-/* pgsql.h — PostgreSQL shortcuts without criterion, for the test harness (harness_pg_* fail the
- * test on top of these) and for other programs such as the benchmark. Each takes a finished
- * SQL string and returns 0 or -1 with the reason in err (errlen may be 0: no text); output
+/* pgsql.h — PostgreSQL shortcuts. bench/drive/ holds the drivers of real servers and
+ * processes that the benchmark and the tests share; they need neither criterion nor the test
+ * harness (whose harness_pg_* fail the test on top of these). Each takes a finished SQL
+ * string and returns 0 or -1 with the reason in err (errlen may be 0: no text); output
  * parameters are written only on success. */
-#ifndef OUTBOX_TESTS_PGSQL_H
-#define OUTBOX_TESTS_PGSQL_H
+#ifndef OUTBOX_BENCH_DRIVE_PGSQL_H
+#define OUTBOX_BENCH_DRIVE_PGSQL_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,14 +1,15 @@
-/* process.h — starting programs without criterion, for the test harness (harness.h fails the
- * test on top of these) and for other programs such as the benchmark: the relay's clean
- * environment, fork + exec, waits with a deadline, kills. Every function returns its error
- * instead of failing anything.
+/* process.h — starting programs. bench/drive/ holds the drivers of real servers and
+ * processes that the benchmark and the tests share; they need neither criterion nor the test
+ * harness (which fails the test on top of these). Here: the relay's clean environment, fork +
+ * exec, waits with a deadline, kills. Every function returns its error instead of failing
+ * anything.
  *
  * Every process started here ends with the process that started it, however that ends: the
  * ones still running at exit() are killed and reaped, and each one gets SIGKILL from the
  * kernel when the starting process dies without an exit (crash, abort, SIGKILL).
  * Thread-safe. */
-#ifndef OUTBOX_TESTS_PROCESS_H
-#define OUTBOX_TESTS_PROCESS_H
+#ifndef OUTBOX_BENCH_DRIVE_PROCESS_H
+#define OUTBOX_BENCH_DRIVE_PROCESS_H
 
 #include <stdint.h>
 #include <sys/resource.h>

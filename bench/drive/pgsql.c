@@ -1,6 +1,7 @@
-/* PostgreSQL shortcuts that return their errors (see pgsql.h): shared by the test harness,
- * which fails the test on top of them, and the benchmark. Needs only libpq. */
-#include "tests/support/pgsql.h"
+/* PostgreSQL shortcuts that return their errors (see pgsql.h), one of the drivers the
+ * benchmark and the tests share. Needs only libpq: neither criterion nor the test harness,
+ * which fails the test on top of them. */
+#include "bench/drive/pgsql.h"
 
 #include <errno.h>
 #include <stdio.h>

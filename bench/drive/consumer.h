@@ -1,14 +1,16 @@
-/* consumer.h — a real AMQP consumer for the tests: its own thread and connection, a durable
- * queue bound to an exchange, and a record of every delivery (duplicates included) that the
- * test thread can query while messages are still arriving. It reconnects by itself when the
- * broker restarts and acks only after recording, so nothing is lost on its side.
+/* consumer.h — a real AMQP consumer. bench/drive/ holds the drivers of real servers and
+ * processes that the benchmark and the tests share; they need neither criterion nor the test
+ * harness (consumer.c links against rabbitmq-c, jansson and pthreads only). Here: its own
+ * thread and connection, a durable queue bound to an exchange, and a record of every delivery
+ * (duplicates included) that another thread can query while messages are still arriving. It
+ * reconnects by itself when the broker restarts and acks only after recording, so nothing is
+ * lost on its side; consumer_options turn that off for a benchmark that only counts.
  *
- * Everything here but consumer_start() is free of criterion and of the test harness
- * (consumer.c links against rabbitmq-c, jansson and pthreads only), so programs other than
- * the tests can use it through consumer_open(). Thread-safe: the queries may be called from
- * any thread while the consumer runs; consumer_stop() once, after the last of them. */
-#ifndef OUTBOX_TESTS_CONSUMER_H
-#define OUTBOX_TESTS_CONSUMER_H
+ * Everything here but consumer_start() is defined in consumer.c. Thread-safe: the queries may
+ * be called from any thread while the consumer runs; consumer_stop() once, after the last of
+ * them. */
+#ifndef OUTBOX_BENCH_DRIVE_CONSUMER_H
+#define OUTBOX_BENCH_DRIVE_CONSUMER_H
 
 #include <stdbool.h>
 #include <stddef.h>

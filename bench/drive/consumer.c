@@ -1,8 +1,8 @@
-/* Test consumer: one rabbitmq-c connection on its own thread that records every delivery
- * (copied, headers as JSON) for the test thread to query, and reconnects after broker
- * restarts so that fault tests can count messages across them. Needs neither criterion nor
- * the harness (consumer_start(), which fails the test, is in consumer_assert.c). */
-#include "tests/support/consumer.h"
+/* The consumer driver the benchmark and the tests share: one rabbitmq-c connection on its own
+ * thread that records every delivery (copied, headers as JSON) for the caller to query, and
+ * reconnects after broker restarts so that fault tests can count messages across them. Needs
+ * neither criterion nor the test harness. */
+#include "bench/drive/consumer.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>

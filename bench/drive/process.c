@@ -1,7 +1,7 @@
-/* Child processes for the tests and the benchmark: environments, fork + exec on a thread of
- * its own, waits and kills, and the guards that end every child with its parent (see
- * process.h). Needs neither criterion nor the harness; harness.c fails the test on top. */
-#include "tests/support/process.h"
+/* Child processes, a driver the benchmark and the tests share: environments, fork + exec on a
+ * thread of its own, waits and kills, and the guards that end every child with its parent (see
+ * process.h). Needs neither criterion nor the test harness, which fails the test on top. */
+#include "bench/drive/process.h"
 
 #include <errno.h>
 #include <fcntl.h>
