@@ -6,9 +6,8 @@
  * reconnects by itself when the broker restarts and acks only after recording, so nothing is
  * lost on its side; consumer_options turn that off for a benchmark that only counts.
  *
- * Everything here but consumer_start() is defined in consumer.c. Thread-safe: the queries may
- * be called from any thread while the consumer runs; consumer_stop() once, after the last of
- * them. */
+ * Thread-safe: the queries may be called from any thread while the consumer runs;
+ * consumer_stop() once, after the last of them. */
 #ifndef OUTBOX_BENCH_DRIVE_CONSUMER_H
 #define OUTBOX_BENCH_DRIVE_CONSUMER_H
 
@@ -107,10 +106,6 @@ int consumer_open_with(struct consumer **out, const char *url, const char *queue
                        const char *exchange, const char *exchange_type, const char *routing_key,
                        const struct consumer_options *opt, char *err, size_t errlen)
         __attribute__((warn_unused_result));
-/* consumer_open() for the criterion tests: returns the new consumer or fails the current test
- * with the error. Defined in consumer_assert.c, which needs criterion. */
-struct consumer *consumer_start(const char *url, const char *queue, const char *exchange,
-                                const char *exchange_type, const char *routing_key);
 /* Stops the thread, deletes the queue (and the exchange it declared; neither with
  * existing_queue), frees everything; accepts NULL. Pointers obtained from c are invalid
  * afterwards. */

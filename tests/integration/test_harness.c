@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "bench/drive/consumer.h"
+#include "tests/support/consumer_assert.h"
 #include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 #include "tests/support/tcp_proxy.h"

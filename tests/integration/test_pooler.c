@@ -13,7 +13,7 @@
 #include <unistd.h>
 #include <libpq-fe.h>
 
-#include "bench/drive/consumer.h"
+#include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
 
 #define PGBOUNCER           "/usr/sbin/pgbouncer"

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "bench/drive/consumer.h"
 #include "store/outbox.h"
+#include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
 
 #define DELIVERY_TIMEOUT_MS 120000

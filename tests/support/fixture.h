@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <libpq-fe.h>
 
-#include "bench/drive/consumer.h"
+#include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
 
 #define FIXTURE_MAX_RELAYS 16
