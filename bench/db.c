@@ -1,4 +1,4 @@
-/* The benchmark's PostgreSQL (db.h), on tests/support/pgsql.h: what a measurement needs of
+/* The benchmark's PostgreSQL (db.h), on bench/drive/pgsql.h: what a measurement needs of
  * the database, each error reported once as the measurement's failure. */
 #include "bench/db.h"
 

@@ -1,5 +1,5 @@
 /* The benchmark's RabbitMQ (mq.h): a rabbitmq-c connection for publishing and declaring, and
- * the measuring consumer set up on tests/support/consumer.c. */
+ * the measuring consumer set up on bench/drive/consumer.c. */
 #include "bench/mq.h"
 
 #include <stdio.h>

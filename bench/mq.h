@@ -1,6 +1,6 @@
 /* mq.h — the benchmark's RabbitMQ: a plain rabbitmq-c connection (the limit run publishes on
- * it; tests/support has none to give), a fresh queue per run, and the measuring consumer
- * (tests/support/consumer.h without acks, records or reconnections). */
+ * it; bench/drive has none to give), a fresh queue per run, and the measuring consumer
+ * (bench/drive/consumer.h without acks, records or reconnections). */
 #ifndef OUTBOX_BENCH_MQ_H
 #define OUTBOX_BENCH_MQ_H
 

@@ -1,5 +1,5 @@
 /* The relay as the benchmark's child (proc.h): started with a clean environment through
- * tests/support/process.h, stopped in order, its peak memory read from /proc. */
+ * bench/drive/process.h, stopped in order, its peak memory read from /proc. */
 #include "bench/proc.h"
 
 #include <errno.h>

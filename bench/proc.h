@@ -1,4 +1,4 @@
-/* proc.h — the relay as a child process of the benchmark (on tests/support/process.h, so it
+/* proc.h — the relay as a child process of the benchmark (on bench/drive/process.h, so it
  * ends with the benchmark however that ends) and what /proc says about it. */
 #ifndef OUTBOX_BENCH_PROC_H
 #define OUTBOX_BENCH_PROC_H

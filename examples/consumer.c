@@ -15,8 +15,8 @@
  *
  * It is written to be copied: it includes nothing of this tree but the installed
  * <outbox/inbox.h> and uses rabbitmq-c and libpq directly. The tests and the benchmark share
- * their own consumer (tests/support/consumer.c), which records every delivery for assertions;
- * folding the two together would tie the example to the test support code. */
+ * their own consumer (bench/drive/consumer.c), which records every delivery for assertions;
+ * folding the two together would tie the example to that code. */
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
