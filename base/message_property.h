@@ -1,6 +1,6 @@
 /* message_property.h — the AMQP basic properties a row's properties column may set, and what
  * each value must be: one list for the relay, which maps them (amqp/message_map.c) and lets a
- * row that breaks them go dead, and for the producer library (store/outbox.c), which refuses
+ * row that breaks them go dead, and for the producer library (store/liboutbox/outbox.c), which refuses
  * such a message at insert time in the same words. Knows nothing of any JSON library: each
  * reader hands over the value as it parsed it. */
 #ifndef OUTBOX_BASE_MESSAGE_PROPERTY_H

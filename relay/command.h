@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
 
 /* Opens an admin connection with o (filled here, borrowed by the store: keep it alive), or
  * says why not on stderr and returns NULL. */

@@ -13,8 +13,10 @@
 #include "relay/command.h"
 #include "relay/http.h"
 #include "relay/relay.h"
-#include "store/outbox.h"
-#include "store/outbox_store.h"
+#include "store/liboutbox/outbox.h"
+#include "store/store.h"
+#include "store/operator/admin.h"
+#include "store/operator/schema.h"
 
 struct store *command_admin_open(const struct config *cfg, struct store_options *o)
 {

@@ -12,7 +12,7 @@
 #include "base/message_property.h"
 #include "relay/command.h"
 #include "relay/relay.h"
-#include "store/outbox.h"
+#include "store/liboutbox/outbox.h"
 
 #define MAX_BODY_FILE (64L * 1024 * 1024)
 

@@ -13,7 +13,7 @@
 #include "relay/log.h"
 #include "relay/metrics.h"
 #include "relay/relay.h"
-#include "store/source.h"
+#include "store/source/source.h"
 
 #define GAUGE_INTERVAL_MS 5000
 /* The gauges' statement may take at most 1/GAUGE_DUTY of the time (see below). */

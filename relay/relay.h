@@ -8,7 +8,7 @@
 #include <stdbool.h>
 
 #include "config/config.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
 
 /* Shutdown is bounded (relay.shutdown_timeout + 1 s at most from the signal to the exit):
  * waits for the broker end at abort_at_ms (confirms not in by then are released, no attempt

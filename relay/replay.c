@@ -1,5 +1,5 @@
 /* `outbox-relay replay`: publishes again retained published rows that an operator selects, by
- * making them pending again (store/replay.c) for the running relay to publish; prints what it
+ * making them pending again (store/operator/replay.c) for the running relay to publish; prints what it
  * did (or, with --dry-run, what it would do) and logs one line per replay. */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -12,7 +12,8 @@
 #include "relay/command.h"
 #include "relay/log.h"
 #include "relay/relay.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/operator/replay.h"
 
 /* Above this many rows a replay must be confirmed with --yes. */
 #define REPLAY_CONFIRM_ROWS 10000

@@ -18,7 +18,9 @@
 #include "relay/metrics.h"
 #include "relay/notify.h"
 #include "relay/relay.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/schema.h"
 
 #define SUMMARY_INTERVAL_MS 10000
 

@@ -13,7 +13,7 @@
 #include "relay/metrics.h"
 #include "relay/relay.h"
 #include "relay/worker_private.h"
-#include "store/source.h"
+#include "store/source/source.h"
 
 static int grow(struct worker *w, size_t n)
 {

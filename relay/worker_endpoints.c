@@ -13,7 +13,7 @@
 #include "relay/metrics.h"
 #include "relay/relay.h"
 #include "relay/worker_private.h"
-#include "store/source.h"
+#include "store/source/source.h"
 
 /* Reconnect backoff bounds: quick first retry (a restart takes seconds), capped so an outage
  * costs at most this long after the far end is back. */

@@ -11,7 +11,7 @@
 #include "relay/metrics.h"
 #include "relay/relay.h"
 #include "relay/worker_private.h"
-#include "store/source.h"
+#include "store/source/source.h"
 
 static enum metrics_fail_reason fail_reason(enum broker_outcome o)
 {
@@ -104,7 +104,7 @@ void worker_classify(struct worker *w, const struct source_batch *b, struct sett
 			f->outcome = SOURCE_PUBLISHED;
 			st->n_pub++;
 			/* A row made pending by `outbox-relay replay` carries its header. */
-			if (store_row_replayed(r))
+			if (outbox_row_replayed(r))
 				atomic_fetch_add_explicit(&g_metrics.replayed, 1,
 				                          memory_order_relaxed);
 			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);

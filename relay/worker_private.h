@@ -13,7 +13,7 @@
 #include "base/clock.h"
 #include "relay/metrics.h"
 #include "relay/relay.h"
-#include "store/source.h"
+#include "store/source/source.h"
 
 struct endpoint_state {
 	bool up;          /* counted in g_metrics */

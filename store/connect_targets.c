@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 
 #include "base/clock.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
 #include "store/store_private.h"
 
 /* Per host tried, unless the connection string sets connect_timeout itself. */

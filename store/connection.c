@@ -13,7 +13,9 @@
 
 #include "base/clock.h"
 #include "base/utf8.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/schema.h"
 #include "store/store_private.h"
 
 /* Columns store_connect() insists on in relay mode (DESIGN §1). */

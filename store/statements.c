@@ -8,7 +8,7 @@
 
 #define SQL_MAX 6144
 
-/* The watermark's sample (store/watermark.h): W first, then the transactions other than this
+/* The watermark's sample (store/source/watermark.h): W first, then the transactions other than this
  * one holding a lock on the sequence, read after W (the lateral subquery depends on W, so it
  * runs once W is known). Two %u: the sequence's OID, then the database's OID and the sequence
  * again. */
@@ -208,7 +208,7 @@ static int prepare_full_claim(struct store *s, const char *name, bool lean, cons
  * NULL, for the sample alone), which either leases rows that came meanwhile or says why there
  * are none. The lean claims (ST_CLAIM_LEAN and its carrying variants) are the full claim
  * without the keyed part, kk and heads left empty: the small claims while no keyed row waits
- * (store/claim.c). Every claim says in its last column whether an unpublished keyed row
+ * (store/source/claim.c). Every claim says in its last column whether an unpublished keyed row
  * exists. */
 static int prepare_claim(struct store *s, const char *t)
 {

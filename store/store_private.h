@@ -10,8 +10,11 @@
 #include <libpq-fe.h>
 
 #include "base/identifier.h"
-#include "store/outbox_store.h"
-#include "store/watermark.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/admin.h"
+#include "store/operator/schema.h"
+#include "store/source/watermark.h"
 
 /* Longest "schema.table" plus the longest suffix we derive ("_unkeyed_idx") and a NUL. */
 #define STORE_NAME_MAX 160
@@ -119,10 +122,10 @@ struct store {
 	int64_t claim_floor;      /* store_set_claim_floor() */
 	/* Every row with seq <= claim_seen was visible to the last claim read: the settled
 	 * watermark it was sent with (claim_seen_sent, the claim in flight). The floor never
-	 * passes it (store/claim.c). */
+	 * passes it (store/source/claim.c). */
 	int64_t claim_seen, claim_seen_sent;
 	int64_t sampled_ms; /* CLOCK_MONOTONIC: when the lock list was last read (0: never) */
-	/* Where the next claim goes on looking for ordering keys (store/claim.c): the last key
+	/* Where the next claim goes on looking for ordering keys (store/source/claim.c): the last key
 	 * the previous claim looked at; none (has_cursor false) at the start of a round. */
 	char key_cursor[STORE_KEY_CURSOR_MAX];
 	bool has_cursor;
@@ -139,7 +142,7 @@ struct store {
 	size_t claim_last_n; /* rows the last claim leased (store_claim_send) */
 	size_t claim_marked; /* rows the mark carried by the last claim hit */
 	/* The last claim saw an unpublished keyed row, or had a cursor, or there was none yet:
-	 * the next small claim looks at keys (store/claim.c). */
+	 * the next small claim looks at keys (store/source/claim.c). */
 	bool keys_pending;
 	bool claim_lean; /* the claim in flight is a lean one (ST_CLAIM_LEAN...) */
 	/* Claim tokens: "<relay id, cut>#<nonce>.<counter>" (see STORE_TOKEN_MAX). */

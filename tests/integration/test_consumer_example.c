@@ -1,6 +1,6 @@
 /* The example consumer (examples/consumer.c) in its database mode, end to end: the relay
  * publishes every row, then publishes all of them again (as after a crash between publish and
- * mark), and the consumer, deduplicating with the inbox table (store/inbox.h), does the work
+ * mark), and the consumer, deduplicating with the inbox table (store/liboutbox/inbox.h), does the work
  * of each message exactly once and acks the repeats as duplicates. A second queue on the
  * same exchange counts what the broker really delivered. */
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* The consumer's dedupe helper (store/inbox.h) against a real PostgreSQL (RELAY_TEST_PG):
+/* The consumer's dedupe helper (store/liboutbox/inbox.h) against a real PostgreSQL (RELAY_TEST_PG):
  * claims, leases and takeovers, confirmations that commit or roll back with the caller's
  * work, forget, purge, two consumers racing for one message, and what is refused before
  * anything is sent. Each test uses its own table; A and B are two consumers' connections. */
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "store/inbox.h"
+#include "store/liboutbox/inbox.h"
 #include "tests/support/harness.h"
 
 #define LONG_LEASE_MS 60000 /* outlives any test: "still held" never depends on timing */

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "store/inbox.h"
+#include "store/liboutbox/inbox.h"
 #include "tests/support/harness.h"
 
 /* Bounds only against a hang: migrate's lock timeout is 5 s. */

@@ -10,8 +10,9 @@
 #include <unistd.h>
 #include <libpq-fe.h>
 
-#include "store/outbox.h"
-#include "store/outbox_store.h"
+#include "store/liboutbox/outbox.h"
+#include "store/store.h"
+#include "store/operator/schema.h"
 
 static char g_table[64];
 static PGconn *g_conn;

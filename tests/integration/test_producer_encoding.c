@@ -7,8 +7,8 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "store/inbox.h"
-#include "store/outbox.h"
+#include "store/liboutbox/inbox.h"
+#include "store/liboutbox/outbox.h"
 #include "tests/support/harness.h"
 
 #define CAFE "caf\xc3\xa9" /* "café" in UTF-8 */

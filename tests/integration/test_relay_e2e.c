@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox.h"
+#include "store/liboutbox/outbox.h"
 #include "tests/support/fixture.h"
 #include "tests/support/tcp_proxy.h"
 

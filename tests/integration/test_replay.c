@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/operator/replay.h"
 #include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
 #include "tests/support/ordering_load.h"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox_store.h"
+#include "store/store.h"
 #include "tests/support/fixture.h"
 
 #define EXIT_WAIT_MS 60000

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "store/source.h"
+#include "store/source/source.h"
 #include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "store/outbox.h"
+#include "store/liboutbox/outbox.h"
 #include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
 

@@ -9,7 +9,8 @@
 #include <string.h>
 #include <libpq-fe.h>
 
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/operator/admin.h"
 #include "store/store_private.h"
 #include "tests/support/harness.h"
 

@@ -11,8 +11,11 @@
 #include <unistd.h>
 #include <libpq-fe.h>
 
-#include "store/outbox.h"
-#include "store/outbox_store.h"
+#include "store/liboutbox/outbox.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/admin.h"
+#include "store/operator/schema.h"
 #include "tests/support/harness.h"
 #include "store/store_private.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox.h"
+#include "store/liboutbox/outbox.h"
 #include "tests/support/fixture.h"
 
 #define DELIVERY_TIMEOUT_MS 120000

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "store/lease_source.h"
+#include "store/source/lease_source.h"
 
 Test(gather, a_small_unkeyed_batch_waits_until_two_ms_after_the_last_claim)
 {

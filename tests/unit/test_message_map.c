@@ -549,7 +549,7 @@ Test(message_map, trace_id_of_a_row)
 }
 
 /* What the producer library checks (jscan_object, 17 levels: the object and 16 below it, as
- * JSON_MAX_DEPTH in store/outbox.c) and what the mapping refuses as JSON agree, so that a row
+ * JSON_MAX_DEPTH in store/liboutbox/outbox.c) and what the mapping refuses as JSON agree, so that a row
  * the library took never dies at publish time for its JSON, and the library refuses nothing
  * the relay would publish. */
 Test(message_map, the_producer_library_check_agrees)

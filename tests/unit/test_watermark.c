@@ -1,8 +1,8 @@
-/* The ordering watermark (store/watermark.h) alone: samples in, settled seq out. Every case is
+/* The ordering watermark (store/source/watermark.h) alone: samples in, settled seq out. Every case is
  * a sequence of (W, lock holders) samples as the claim reads them. */
 #include <criterion/criterion.h>
 
-#include "store/watermark.h"
+#include "store/source/watermark.h"
 
 static watermark_vxid vx(const char *text)
 {

@@ -1,5 +1,5 @@
 /* The error text of liboutbox's calls (outbox.c, inbox.c): one line in the caller's errbuf. */
-#include "store/liboutbox_private.h"
+#include "store/liboutbox/liboutbox_private.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -29,7 +29,7 @@
  * freed); at most one batch is out at a time, and it must be settled before the next
  * source_next(). The fates and their error texts are borrowed for the call.
  *
- * Errors: calls return STORE_OK (0) or a negative enum store_err (store/outbox_store.h).
+ * Errors: calls return STORE_OK (0) or a negative enum store_err (store/store.h).
  * source_errmsg() holds the detail, source_step() what the source was doing. After an error the
  * caller calls source_disconnect() and connects again later. Nothing committed is lost on any
  * path: rows the broker confirmed but the source could not record are owed (recorded after
@@ -47,7 +47,7 @@
 #include <stdint.h>
 
 #include "base/outbox_row.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
 
 /* What a source tells its caller. Every hook may be NULL; arg is passed to each. */
 struct source_hooks {

@@ -12,8 +12,8 @@
 
 #include "base/text.h"
 #include "base/utf8.h"
-#include "store/inbox.h"
-#include "store/liboutbox_private.h"
+#include "store/liboutbox/inbox.h"
+#include "store/liboutbox/liboutbox_private.h"
 #include "store/store_private.h"
 
 #define DEFAULT_TABLE      "inbox"

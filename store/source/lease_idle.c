@@ -6,8 +6,9 @@
 #include <stdbool.h>
 
 #include "base/clock.h"
-#include "store/lease_source_private.h"
-#include "store/outbox_store.h"
+#include "store/source/lease_source_private.h"
+#include "store/store.h"
+#include "store/source/lease.h"
 
 /* A claim that looks at every claimable row before the source may conclude there is none: from
  * the first unkeyed row, and through every ordering key (a claim looks at a few hundred keys;

@@ -8,7 +8,8 @@
 #include <time.h>
 
 #include "base/clock.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/operator/replay.h"
 #include "store/store_private.h"
 
 #define REPLAY_SQL_MAX 4096
@@ -62,11 +63,6 @@ int store_replay_like(const char *pattern, char *out, size_t cap)
 		return -1;
 	out[n] = '\0';
 	return 0;
-}
-
-bool store_row_replayed(const struct outbox_row *r)
-{
-	return r->headers && strstr(r->headers, "\"" STORE_REPLAY_HEADER "\"") != NULL;
 }
 
 /* Ownership: asked_at[cap] gets the server's time now (UTC, ms), the replay's stamp. */
@@ -354,7 +350,7 @@ int store_replay_refused(struct store *s, store_replay_fn fn, void *arg, int64_t
 
 /* Takes the lock a producer holds on the seq sequence from its INSERT to its end, then
  * waits (up to wait_ms) until every other transaction that held it has ended. From then on
- * until this transaction ends, the relay's ordering watermark (store/watermark.h) cannot
+ * until this transaction ends, the relay's ordering watermark (store/source/watermark.h) cannot
  * settle past any seq drawn after the lock, so no keyed row that this statement's snapshot
  * misses can be claimed before the replay commits; and every keyed row with an earlier seq is
  * committed or gone, so the next statement sees it. Returns 0 when they ended, 1 when some

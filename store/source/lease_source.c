@@ -9,10 +9,12 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "store/lease_source.h"
-#include "store/lease_source_private.h"
-#include "store/outbox_store.h"
-#include "store/source.h"
+#include "store/source/lease_source.h"
+#include "store/source/lease_source_private.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/admin.h"
+#include "store/source/source.h"
 
 static int grow(struct source *s, size_t n)
 {

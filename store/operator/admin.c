@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/operator/admin.h"
 #include "store/store_private.h"
 
 #define ADMIN_SQL_MAX 4096

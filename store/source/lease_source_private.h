@@ -9,8 +9,9 @@
 #include <stdint.h>
 
 #include "base/clock.h"
-#include "store/outbox_store.h"
-#include "store/source.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/source/source.h"
 
 /* Confirmed rows kept in memory while the database is away, to be marked once it is back. A
  * source that cannot mark fetches nothing, so this only ever holds a batch or two. */
@@ -106,7 +107,7 @@ static inline void lease_hook_tick(struct source *s)
 		s->o.hooks.tick(s->o.hooks.arg);
 }
 
-/* What a claim leased but its batch could not hold (store/claim.c, fit_batch()). */
+/* What a claim leased but its batch could not hold (store/source/claim.c, fit_batch()). */
 static inline void lease_hook_unheld(struct source *s, const struct store_batch *b)
 {
 	if ((b->n_cut || b->n_refused) && s->o.hooks.unheld)

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox_store.h"
-#include "store/schema_private.h"
+#include "store/store.h"
+#include "store/source/lease.h"
+#include "store/operator/schema.h"
+#include "store/operator/schema_private.h"
 #include "store/store_private.h"
 
 void store_split_table(const char *table, char *schema, size_t schema_len, char *base,
@@ -165,7 +167,7 @@ _Static_assert(sizeof(schema_retired_indexes) / sizeof(schema_retired_indexes[0]
  * The test runs before the producer commits: a relay that takes the lock between the two gets
  * no notification for that transaction. So after arming the relay waits until every
  * transaction holding a seq then has ended (the ordering watermark settles), and claims once
- * more (store_arm() in outbox_store.h). Should a relay's host vanish while it holds the lock,
+ * more (store_arm() in store/source/lease.h). Should a relay's host vanish while it holds the lock,
  * producers notify until the server drops the session: the relay's session asks for TCP
  * keepalives (store/connection.c). */
 

@@ -1,6 +1,6 @@
 /* The ordering watermark of watermark.h: candidates (W, lock holders) settle when a later lock
  * list no longer shows any of their holders. Values in, decision out; unit-tested alone. */
-#include "store/watermark.h"
+#include "store/source/watermark.h"
 
 #include <errno.h>
 #include <stdlib.h>

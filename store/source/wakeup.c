@@ -2,7 +2,8 @@
  * for as long as it sleeps) or a producer's trigger testing it (shared, for an instant). */
 #include <stdio.h>
 
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/source/lease.h"
 #include "store/store_private.h"
 
 int store_wakeup_armed_elsewhere(struct store *s)

@@ -15,8 +15,8 @@
 #include "base/text.h"
 #include "base/trace_context.h"
 #include "base/utf8.h"
-#include "store/liboutbox_private.h"
-#include "store/outbox.h"
+#include "store/liboutbox/liboutbox_private.h"
+#include "store/liboutbox/outbox.h"
 #include "store/store_private.h"
 
 #define ID_MAX_BYTES   64

@@ -6,7 +6,8 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "store/outbox_store.h"
+#include "store/store.h"
+#include "store/source/lease.h"
 #include "store/store_private.h"
 
 static int need_token(struct store *s, const char *token)

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/outbox_store.h"
-#include "store/schema_private.h"
+#include "store/store.h"
+#include "store/operator/schema.h"
+#include "store/operator/schema_private.h"
 #include "store/store_private.h"
 
 /* How long migrate waits for any one lock. Short, because while it waits every producer's
@@ -625,7 +626,7 @@ out:
 	return rc;
 }
 
-/* The ordering watermark (store/watermark.h) takes pg_sequence_last_value() as the highest seq
+/* The ordering watermark (store/source/watermark.h) takes pg_sequence_last_value() as the highest seq
  * handed out, and the sequence's lock holders as the transactions that may still commit one
  * below it. With CACHE n > 1 a session takes n values at once: last_value counts values no
  * transaction holds yet, and a later transaction of that session draws one of them without any
