@@ -159,26 +159,15 @@ Test(sequence_cache, run_refuses_a_cached_sequence, .timeout = 180)
 Test(sequence_cache, a_relay_connection_refuses_a_cached_sequence, .timeout = 120)
 {
 	struct fixture t;
-	struct store_options o = {
-		.conninfo = harness_pg_conninfo(),
-		.relay_id = "seq-cache",
-		.application_name = "test_sequence_cache",
-		.lease_ms = 30000,
-		.max_attempts = 10,
-		.batch_size = 10,
-		.wake_fd = -1,
-	};
+	struct store_options o;
 	struct store *s;
 	char *seq;
 	int rc;
 
 	fixture_setup(&t, "seqc_conn", &(struct fixture_options){ .no_consumer = true });
-	o.table = t.table;
-	o.channel = t.table;
+	o = fixture_store_options(&t, "seq-cache", false);
 	seq = seq_name(&t);
-	s = store_new(&o);
-	cr_assert_not_null(s);
-	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
+	s = fixture_store_open(&t, &o);
 	store_disconnect(s);
 	harness_pg_exec(t.pg, "ALTER SEQUENCE %s CACHE 20", seq);
 	rc = store_connect(s);

@@ -12,7 +12,7 @@
 #include "store/store.h"
 #include "store/operator/admin.h"
 #include "store/store_private.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define PUBLISHED 1000000
 #define OLD_ROWS  10000 /* published more than a day ago: the purge's share */
@@ -53,26 +53,13 @@ static bool scans_table(const char *plan, const char *t)
 	return false;
 }
 
-/* A connected admin store on table t, as the maintenance loop opens one; o (and t) must
- * outlive it. */
-static struct store *open_admin(struct store_options *o, const char *t)
+/* A connected admin store on fx's table, as the maintenance loop opens one. */
+static struct store *open_admin(struct fixture *fx)
 {
-	struct store *s;
+	struct store_options o = fixture_store_options(fx, "plans", true);
 
-	memset(o, 0, sizeof(*o));
-	o->conninfo = harness_pg_conninfo();
-	o->table = t;
-	o->channel = "";
-	o->relay_id = "plans";
-	o->application_name = "outbox-relay test";
-	o->lease_ms = 60000;
-	o->max_attempts = 3;
-	o->batch_size = 100;
-	o->admin = true;
-	s = store_new(o);
-	cr_assert_not_null(s);
-	cr_assert_eq(store_connect(s), 0, "%s", store_errmsg(s));
-	return s;
+	o.channel = "";
+	return fixture_store_open(fx, &o);
 }
 
 static void check_plan(PGconn *c, struct store *s, enum store_admin_sql which, const char *name,
@@ -103,76 +90,77 @@ static void check_plan(PGconn *c, struct store *s, enum store_admin_sql which, c
 
 Test(status_plans, gauges_and_lists_cost_unpublished_rows_only, .timeout = 300)
 {
-	char t[64], idx[96];
-	PGconn *c = harness_pg_connect();
-	struct store_options o;
+	char idx[96];
+	struct fixture fx;
 	struct store_status st;
 	struct store *s;
 	int64_t n = -1;
 
-	harness_unique_name(t, sizeof(t), "plans");
-	harness_migrate(t);
+	fixture_setup(&fx, "plans", &(struct fixture_options){ .no_consumer = true });
 	/* One statement: 1,000,000 published rows, the oldest OLD_ROWS of them past a day. The
 	 * wake-up trigger is left out (session_replication_role): it would run a million times at
 	 * commit, and ids in key order keep the primary key's inserts at its right edge. */
-	harness_pg_exec(c, "SET session_replication_role = replica");
+	harness_pg_exec(fx.pg, "SET session_replication_role = replica");
 	harness_pg_exec(
-	        c,
+	        fx.pg,
 	        "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
 	        " SELECT 'pub-' || lpad(g::text, 7, '0'), 'ex', 'rk', '{}', CASE WHEN g <= %d"
 	        " THEN now() - interval '2 days' + g * interval '1 ms'"
 	        " ELSE now() - interval '1 hour' END FROM generate_series(1, %d) g",
-	        t, OLD_ROWS, PUBLISHED);
-	harness_pg_exec(c, "RESET session_replication_role");
+	        fx.table, OLD_ROWS, PUBLISHED);
+	harness_pg_exec(fx.pg, "RESET session_replication_role");
 	/* Unpublished: 20 pending (3 of them leased, one 100 s old), 4 dead, and keyed rows: K1's
 	 * head is dead, K2's head failed and backs off, K3's head is plain pending. */
-	harness_pg_exec(c,
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " SELECT 'p-' || g, 'ex', 'rk', '{}' FROM generate_series(1, 20) g",
-	                t);
-	harness_pg_exec(c,
+	                fx.table);
+	harness_pg_exec(fx.pg,
 	                "UPDATE %s SET locked_by = 'x', locked_until = now() + interval '1 minute'"
 	                " WHERE id IN ('p-1', 'p-2', 'p-3')",
-	                t);
+	                fx.table);
 	harness_pg_exec(
-	        c, "UPDATE %s SET created_at = now() - interval '100 seconds' WHERE id = 'p-4'", t);
+	        fx.pg, "UPDATE %s SET created_at = now() - interval '100 seconds' WHERE id = 'p-4'",
+	        fx.table);
 	harness_pg_exec(
-	        c,
+	        fx.pg,
 	        "INSERT INTO %s (id, exchange_name, routing_key, body, attempts, last_error)"
 	        " SELECT 'd-' || g, 'ex', 'rk', '{}', 3, 'boom' FROM generate_series(1, 4) g",
-	        t);
-	harness_pg_exec(c,
+	        fx.table);
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key,"
 	                " attempts, available_at) VALUES"
 	                " ('k1-a', 'ex', 'rk', '{}', 'K1', 3, now()),"
 	                " ('k1-b', 'ex', 'rk', '{}', 'K1', 0, now()),"
 	                " ('k2-a', 'ex', 'rk', '{}', 'K2', 1, now() + interval '1 hour'),"
 	                " ('k3-a', 'ex', 'rk', '{}', 'K3', 0, now())",
-	                t);
+	                fx.table);
 	/* The statistics as autovacuum would leave them: wait until the inserts are counted, so
 	 * that ANALYZE's count is not added to a second time, then analyze. */
-	for (int i = 0; i < 300 && harness_pg_int(c,
+	for (int i = 0; i < 300 && harness_pg_int(fx.pg,
 	                                          "SELECT COALESCE((SELECT n_tup_ins FROM"
 	                                          " pg_stat_user_tables WHERE relid ="
 	                                          " '%s'::regclass), 0)",
-	                                          t) < PUBLISHED + 28;
+	                                          fx.table) < PUBLISHED + 28;
 	     i++)
 		harness_sleep_ms(100);
-	harness_pg_exec(c, "ANALYZE %s", t);
+	harness_pg_exec(fx.pg, "ANALYZE %s", fx.table);
 
-	s = open_admin(&o, t);
+	s = open_admin(&fx);
 
 	{
 		const char *max[1] = { "3" };
 		const char *max_lim[2] = { "3", "100" };
 		const char *purge[2] = { "86400000", "5000" };
 
-		check_plan(c, s, STORE_SQL_STATUS, "status", t, 1, max, NULL);
-		check_plan(c, s, STORE_SQL_DEAD, "dead", t, 2, max_lim, NULL);
-		check_plan(c, s, STORE_SQL_BLOCKED, "keys --blocked", t, 2, max_lim, NULL);
-		check_plan(c, s, STORE_SQL_REQUEUE_DEAD, "requeue --all-dead", t, 1, max, NULL);
-		snprintf(idx, sizeof(idx), "%s_published_idx", t);
-		check_plan(c, s, STORE_SQL_PURGE, "purge", t, 2, purge, idx);
+		check_plan(fx.pg, s, STORE_SQL_STATUS, "status", fx.table, 1, max, NULL);
+		check_plan(fx.pg, s, STORE_SQL_DEAD, "dead", fx.table, 2, max_lim, NULL);
+		check_plan(fx.pg, s, STORE_SQL_BLOCKED, "keys --blocked", fx.table, 2, max_lim,
+		           NULL);
+		check_plan(fx.pg, s, STORE_SQL_REQUEUE_DEAD, "requeue --all-dead", fx.table, 1, max,
+		           NULL);
+		snprintf(idx, sizeof(idx), "%s_published_idx", fx.table);
+		check_plan(fx.pg, s, STORE_SQL_PURGE, "purge", fx.table, 2, purge, idx);
 	}
 
 	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
@@ -202,40 +190,36 @@ Test(status_plans, gauges_and_lists_cost_unpublished_rows_only, .timeout = 300)
 	/* The purge deletes exactly the rows past the retention, oldest first. */
 	cr_assert_eq(store_purge(s, 86400000, 3000, NULL, &n), 0, "%s", store_errmsg(s));
 	cr_assert_eq(n, OLD_ROWS);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE id LIKE 'pub-%%'", t),
-	             PUBLISHED - OLD_ROWS);
+	cr_assert_eq(
+	        harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE id LIKE 'pub-%%'", fx.table),
+	        PUBLISHED - OLD_ROWS);
 	cr_assert_eq(store_requeue(s, NULL, 0, true, &n), 0, "%s", store_errmsg(s));
 	cr_assert_eq(n, 5);
 
 	store_free(s);
-	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 /* A small table's published rows are counted, not estimated: right after the inserts, before
  * any statistics exist. */
 Test(status_plans, small_table_counts_published_rows, .timeout = 120)
 {
-	char t[64];
-	PGconn *c = harness_pg_connect();
-	struct store_options o;
+	struct fixture fx;
 	struct store_status st;
 	struct store *s;
 
-	harness_unique_name(t, sizeof(t), "plans_small");
-	harness_migrate(t);
-	harness_pg_exec(c,
+	fixture_setup(&fx, "plans_small", &(struct fixture_options){ .no_consumer = true });
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body, published_at)"
 	                " SELECT 'pub-' || g, 'ex', 'rk', '{}', CASE WHEN g <= 7 THEN now() END"
 	                " FROM generate_series(1, 10) g",
-	                t);
-	s = open_admin(&o, t);
+	                fx.table);
+	s = open_admin(&fx);
 	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
 	cr_assert_eq(st.published, 7);
 	cr_assert_eq(st.pending, 3);
 	store_free(s);
-	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 /* The gauges over a large backlog: the table holds only unpublished rows, so the status
@@ -244,29 +228,27 @@ Test(status_plans, small_table_counts_published_rows, .timeout = 120)
  * on the store's admin session the same statement is planned with neither. */
 Test(status_plans, admin_session_plans_without_workers_or_jit, .timeout = 300)
 {
-	char t[64], sql[16384];
+	char sql[16384];
 	const char *max[1] = { "3" };
-	PGconn *c = harness_pg_connect();
-	struct store_options o;
+	struct fixture fx;
 	struct store *s;
 	char *plain, *admin;
 
-	harness_unique_name(t, sizeof(t), "plans_backlog");
-	harness_migrate(t);
-	harness_pg_exec(c, "SET session_replication_role = replica");
-	harness_pg_exec(c,
+	fixture_setup(&fx, "plans_backlog", &(struct fixture_options){ .no_consumer = true });
+	harness_pg_exec(fx.pg, "SET session_replication_role = replica");
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " SELECT 'p-' || lpad(g::text, 7, '0'), 'ex', 'rk', repeat('x', 1024)"
 	                " FROM generate_series(1, 200000) g",
-	                t);
-	harness_pg_exec(c, "RESET session_replication_role");
-	harness_pg_exec(c, "ANALYZE %s", t);
+	                fx.table);
+	harness_pg_exec(fx.pg, "RESET session_replication_role");
+	harness_pg_exec(fx.pg, "ANALYZE %s", fx.table);
 
-	s = open_admin(&o, t);
+	s = open_admin(&fx);
 	cr_assert_eq(store_admin_sql(s, STORE_SQL_STATUS, sql, sizeof(sql)), 0);
 
 	/* The server's defaults would use both (else this test shows nothing). */
-	plain = explain(c, sql, 1, max);
+	plain = explain(fx.pg, sql, 1, max);
 	cr_assert(strstr(plain, "Gather") && strstr(plain, "JIT:"),
 	          "the status plan with the server's defaults uses neither workers nor JIT, so "
 	          "this test cannot tell the admin session apart:\n%s",
@@ -277,6 +259,5 @@ Test(status_plans, admin_session_plans_without_workers_or_jit, .timeout = 300)
 	free(plain);
 	free(admin);
 	store_free(s);
-	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }

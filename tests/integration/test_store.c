@@ -16,27 +16,14 @@
 #include "store/source/lease.h"
 #include "store/operator/admin.h"
 #include "store/operator/schema.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "store/store_private.h"
 
-static char g_table[64];
-static PGconn *g_admin; /* the test's own connection for setup and checks */
-
-static const char *pg_conninfo(void)
-{
-	const char *c = getenv("RELAY_TEST_PG");
-	cr_assert(c && c[0], "RELAY_TEST_PG is not set");
-	return c;
-}
-
-static PGconn *connect_pg(void)
-{
-	PGconn *c = PQconnectdb(pg_conninfo());
-	cr_assert(PQstatus(c) == CONNECTION_OK, "cannot connect to RELAY_TEST_PG: %s",
-	          PQerrorMessage(c));
-	PQclear(PQexec(c, "SET client_min_messages = warning"));
-	return c;
-}
+/* The test's own table and connection (setup and checks) are the fixture's, which name_table()
+ * sets up: no consumer, and the table is left to the test. */
+static struct fixture g_fx;
+static const char *g_table = g_fx.table;
+static PGconn *g_admin;
 
 static void sql(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sql(PGconn *c, const char *fmt, ...)
@@ -74,68 +61,32 @@ static long long sql_int(PGconn *c, const char *fmt, ...)
 	return v;
 }
 
-static void drop_table(void)
-{
-	if (!g_admin || !g_table[0])
-		return;
-	PQclear(PQexec(g_admin, "SET client_min_messages = warning"));
-	char q[512];
-	snprintf(q, sizeof(q),
-	         "DROP TABLE IF EXISTS %s; DROP FUNCTION IF EXISTS %s_wakeup_notify()", g_table,
-	         g_table);
-	PQclear(PQexec(g_admin, q));
-}
-
-static void setup(void)
-{
-	g_admin = connect_pg();
-}
-
 static void teardown(void)
 {
-	drop_table();
-	PQfinish(g_admin);
-	g_admin = NULL;
+	fixture_teardown(&g_fx);
 }
 
-TestSuite(store, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(store, .fini = teardown, .timeout = 120);
 
 static void name_table(const char *tag)
 {
-	snprintf(g_table, sizeof(g_table), "st_%s_%d", tag, (int)getpid());
-	drop_table();
+	char prefix[32];
+
+	snprintf(prefix, sizeof(prefix), "st_%s", tag);
+	fixture_setup(&g_fx, prefix,
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	g_admin = g_fx.pg;
 }
 
 static struct store_options opts_for(const char *relay, bool admin)
 {
-	struct store_options o = {
-		.conninfo = pg_conninfo(),
-		.table = g_table,
-		.channel = g_table,
-		.relay_id = relay,
-		.application_name = "outbox-relay test",
-		.lease_ms = 60000,
-		.max_attempts = 3,
-		.skip_dead = false,
-		.batch_size = 100,
-		.admin = admin,
-	};
-	return o;
+	return fixture_store_options(&g_fx, relay, admin);
 }
 
-/* A connected store; the options live in a static slot per handle so they outlive it. */
-static struct store_options g_opts[8];
-static int g_nopts;
-
+/* A connected store; the fixture keeps its options until the test ends. */
 static struct store *open_store(struct store_options o)
 {
-	cr_assert(g_nopts < 8);
-	g_opts[g_nopts] = o;
-	struct store *s = store_new(&g_opts[g_nopts++]);
-	cr_assert_not_null(s);
-	int rc = store_connect(s);
-	cr_assert_eq(rc, 0, "store_connect: %d %s", rc, store_errmsg(s));
-	return s;
+	return fixture_store_open(&g_fx, &o);
 }
 
 static struct store *migrated(const char *tag)
@@ -528,7 +479,7 @@ Test(store, claim_floor_looks_below_it_for_rows_committed_late)
 {
 	struct store *a = migrated("floorlate");
 	struct store *r = open_store(opts_for("relay-1", false));
-	PGconn *p = connect_pg();
+	PGconn *p = harness_pg_connect();
 	struct store_batch b;
 
 	store_batch_init(&b);
@@ -557,7 +508,7 @@ Test(store, claim_floor_looks_below_it_at_most_eight_batches)
 {
 	struct store *a = migrated("floorreach");
 	struct store_options o = opts_for("relay-1", false);
-	PGconn *p = connect_pg();
+	PGconn *p = harness_pg_connect();
 	struct store_batch b;
 	char id[16];
 
@@ -1139,7 +1090,7 @@ Test(store, keyed_rows_wait_for_open_and_older_transactions)
 {
 	struct store *a = migrated("xmin");
 	struct store *r = open_store(opts_for("relay-1", false));
-	PGconn *older = connect_pg(), *newer = connect_pg();
+	PGconn *older = harness_pg_connect(), *newer = harness_pg_connect();
 	char err[256];
 	struct outbox_message m = { .id = "open1",
 		                    .exchange = "ex",
@@ -1310,7 +1261,7 @@ Test(store, a_producer_that_tested_before_the_arm_is_caught_by_settling)
 {
 	struct store *a = migrated("wake_race");
 	struct store *r = open_store(opts_for("relay-1", false));
-	PGconn *producer = connect_pg();
+	PGconn *producer = harness_pg_connect();
 	struct outbox_message m = {
 		.id = "early", .exchange = "ex", .routing_key = "rk", .body = "x", .body_len = 1
 	};
