@@ -12,49 +12,38 @@
 #include <libpq-fe.h>
 
 #include "store/liboutbox/inbox.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define LONG_LEASE_MS 60000 /* outlives any test: "still held" never depends on timing */
 
-static char g_table[64];
+/* The inbox table and A's connection are the fixture's. */
+static struct fixture g_fx;
+static const char *g_table = g_fx.table;
 static char g_work[80]; /* the consumers' own work, for tests that commit it with a confirm */
 static PGconn *g_a, *g_b;
 
-static void rollback_if_open(PGconn *c)
-{
-	if (c && PQtransactionStatus(c) != PQTRANS_IDLE)
-		PQclear(PQexec(c, "ROLLBACK"));
-}
-
 static void setup(void)
 {
-	char err[256] = "";
-
-	harness_unique_name(g_table, sizeof(g_table), "ib");
+	fixture_setup(&g_fx, "ib", &(struct fixture_options){ .inbox = true, .no_consumer = true });
+	g_a = g_fx.pg;
 	snprintf(g_work, sizeof(g_work), "%s_work", g_table);
-	g_a = harness_pg_connect();
+	fixture_drop_later(&g_fx, "DROP TABLE IF EXISTS %s", g_work);
 	g_b = harness_pg_connect();
 	/* A statement that hangs on a lock it should never wait for fails the test instead of
 	 * hanging it. */
 	harness_pg_exec(g_a, "SET statement_timeout = '30s'");
 	harness_pg_exec(g_b, "SET statement_timeout = '30s'");
-	cr_assert_eq(inbox_migrate(g_a, g_table, err, sizeof(err)), INBOX_OK, "%s", err);
 	harness_pg_exec(g_a, "CREATE TABLE %s (message_id text NOT NULL)", g_work);
 }
 
 static void teardown(void)
 {
-	rollback_if_open(g_a);
-	rollback_if_open(g_b);
-	if (g_a) {
-		char q[256];
-
-		snprintf(q, sizeof(q), "DROP TABLE IF EXISTS %s, %s", g_table, g_work);
-		PQclear(PQexec(g_a, q));
-	}
-	PQfinish(g_a);
+	/* B lets go of what it holds before the fixture drops the tables (it rolls back A). */
+	if (g_b && PQtransactionStatus(g_b) != PQTRANS_IDLE)
+		PQclear(PQexec(g_b, "ROLLBACK"));
 	PQfinish(g_b);
-	g_a = g_b = NULL;
+	g_b = NULL;
+	fixture_teardown(&g_fx);
 }
 
 TestSuite(inbox, .init = setup, .fini = teardown, .timeout = 180);

@@ -7,14 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <libpq-fe.h>
 
 #include "store/liboutbox/outbox.h"
 #include "store/store.h"
 #include "store/operator/schema.h"
+#include "tests/support/fixture.h"
 
-static char g_table[64];
+/* The test's table and connection are the fixture's. */
+static struct fixture g_fx;
+static const char *g_table = g_fx.table;
 static PGconn *g_conn;
 
 static void exec_ok(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -51,26 +53,11 @@ static const char *value(const char *fmt, ...)
 	return out;
 }
 
-static void drop(void)
-{
-	char q[512];
-	snprintf(q, sizeof(q),
-	         "DROP TABLE IF EXISTS %s, %s_wakeup; DROP FUNCTION IF EXISTS %s_wakeup_notify()",
-	         g_table, g_table, g_table);
-	if (PQtransactionStatus(g_conn) != PQTRANS_IDLE)
-		PQclear(PQexec(g_conn, "ROLLBACK"));
-	PQclear(PQexec(g_conn, q));
-}
-
 static void setup(void)
 {
-	const char *ci = getenv("RELAY_TEST_PG");
-	cr_assert(ci && ci[0], "RELAY_TEST_PG is not set");
-	g_conn = PQconnectdb(ci);
-	cr_assert(PQstatus(g_conn) == CONNECTION_OK, "cannot connect: %s", PQerrorMessage(g_conn));
-	PQclear(PQexec(g_conn, "SET client_min_messages = warning"));
-	snprintf(g_table, sizeof(g_table), "pr_%d", (int)getpid());
-	drop();
+	fixture_setup(&g_fx, "pr",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	g_conn = g_fx.pg;
 	char *ddl = store_schema_sql(g_table, g_table);
 	cr_assert_not_null(ddl);
 	PGresult *r = PQexec(g_conn, ddl);
@@ -81,10 +68,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-	if (g_conn)
-		drop();
-	PQfinish(g_conn);
-	g_conn = NULL;
+	fixture_teardown(&g_fx);
 }
 
 TestSuite(producer, .init = setup, .fini = teardown, .timeout = 60);

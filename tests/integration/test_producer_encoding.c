@@ -9,7 +9,7 @@
 
 #include "store/liboutbox/inbox.h"
 #include "store/liboutbox/outbox.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define CAFE "caf\xc3\xa9" /* "café" in UTF-8 */
 
@@ -27,59 +27,59 @@ static struct outbox_message msg(const char *id)
 
 Test(producer_encoding, latin1_connection_is_refused_utf8_works, .timeout = 60)
 {
-	char t[64], err[512] = "";
-	PGconn *c = harness_pg_connect();
+	char err[512] = "";
+	struct fixture fx;
 	struct outbox_message m = msg(CAFE "-1");
 	char *got;
 
-	harness_unique_name(t, sizeof(t), "enc");
-	harness_migrate(t);
+	fixture_setup(&fx, "enc", &(struct fixture_options){ .no_consumer = true });
 
-	cr_assert_eq(PQsetClientEncoding(c, "LATIN1"), 0, "%s", PQerrorMessage(c));
-	harness_pg_exec(c, "BEGIN");
-	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ERR_INVALID,
+	cr_assert_eq(PQsetClientEncoding(fx.pg, "LATIN1"), 0, "%s", PQerrorMessage(fx.pg));
+	harness_pg_exec(fx.pg, "BEGIN");
+	cr_assert_eq(outbox_add(fx.pg, fx.table, &m, err, sizeof(err)), OUTBOX_ERR_INVALID,
 	             "a LATIN1 connection must be refused: %s", err);
 	cr_assert(strstr(err, "LATIN1") && strstr(err, "UTF8"),
 	          "the message names the encoding and what to do: %s", err);
-	cr_assert_eq(PQtransactionStatus(c), PQTRANS_INTRANS, "nothing was sent");
-	harness_pg_exec(c, "ROLLBACK");
+	cr_assert_eq(PQtransactionStatus(fx.pg), PQTRANS_INTRANS, "nothing was sent");
+	harness_pg_exec(fx.pg, "ROLLBACK");
 
 	/* The same through SET: libpq learns the new value from the server. */
-	harness_pg_exec(c, "SET client_encoding TO 'LATIN1'");
-	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ERR_INVALID, "%s", err);
+	harness_pg_exec(fx.pg, "SET client_encoding TO 'LATIN1'");
+	cr_assert_eq(outbox_add(fx.pg, fx.table, &m, err, sizeof(err)), OUTBOX_ERR_INVALID, "%s",
+	             err);
 
-	harness_pg_exec(c, "SET client_encoding TO 'UTF8'");
-	cr_assert_eq(outbox_add(c, t, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
-	got = harness_pg_string(c, "SELECT id || ' ' || body FROM %s", t);
+	harness_pg_exec(fx.pg, "SET client_encoding TO 'UTF8'");
+	cr_assert_eq(outbox_add(fx.pg, fx.table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	got = harness_pg_string(fx.pg, "SELECT id || ' ' || body FROM %s", fx.table);
 	cr_assert_not_null(got);
 	cr_assert_str_eq(got, CAFE "-1 {\"name\":\"" CAFE "\"}", "stored as sent");
 	free(got);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 1, "only the UTF8 add");
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", fx.table), 1,
+	             "only the UTF8 add");
 
-	harness_pg_exec(c, "DROP TABLE %s; DROP FUNCTION %s_wakeup_notify()", t, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 Test(producer_encoding, inbox_refuses_a_converting_connection, .timeout = 60)
 {
-	char t[64], err[512] = "";
-	PGconn *c = harness_pg_connect();
+	char err[512] = "";
+	struct fixture fx;
 
-	harness_unique_name(t, sizeof(t), "enc_inbox");
-	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK, "%s", err);
-	harness_pg_exec(c, "SET client_encoding TO 'LATIN1'");
-	cr_assert_eq(inbox_claim(c, t, CAFE, "consumer", 60000, err, sizeof(err)),
+	fixture_setup(&fx, "enc_inbox",
+	              &(struct fixture_options){ .inbox = true, .no_consumer = true });
+	harness_pg_exec(fx.pg, "SET client_encoding TO 'LATIN1'");
+	cr_assert_eq(inbox_claim(fx.pg, fx.table, CAFE, "consumer", 60000, err, sizeof(err)),
 	             INBOX_ERR_INVALID, "%s", err);
 	cr_assert(strstr(err, "LATIN1"), "%s", err);
-	cr_assert_eq(inbox_confirm(c, t, CAFE, "consumer", err, sizeof(err)), INBOX_ERR_INVALID,
-	             "%s", err);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 0);
+	cr_assert_eq(inbox_confirm(fx.pg, fx.table, CAFE, "consumer", err, sizeof(err)),
+	             INBOX_ERR_INVALID, "%s", err);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", fx.table), 0);
 
-	harness_pg_exec(c, "SET client_encoding TO 'UTF8'");
-	cr_assert_eq(inbox_claim(c, t, CAFE, "consumer", 60000, err, sizeof(err)), INBOX_CLAIMED,
-	             "%s", err);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE message_id = '" CAFE "'", t),
+	harness_pg_exec(fx.pg, "SET client_encoding TO 'UTF8'");
+	cr_assert_eq(inbox_claim(fx.pg, fx.table, CAFE, "consumer", 60000, err, sizeof(err)),
+	             INBOX_CLAIMED, "%s", err);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE message_id = '" CAFE "'",
+	                            fx.table),
 	             1);
-	harness_pg_exec(c, "DROP TABLE %s", t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
