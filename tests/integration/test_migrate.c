@@ -10,18 +10,10 @@
 #include <libpq-fe.h>
 
 #include "store/liboutbox/inbox.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 /* Bounds only against a hang: migrate's lock timeout is 5 s. */
 #define MIGRATE_EXIT_MS 30000
-
-static void drop_all(PGconn *c, const char *t)
-{
-	harness_pg_exec(c,
-	                "SET client_min_messages = warning; DROP TABLE IF EXISTS %s, %s_wakeup;"
-	                " DROP FUNCTION IF EXISTS %s_wakeup_notify()",
-	                t, t, t);
-}
 
 /* A producer's connection with an insert left uncommitted (it holds ROW EXCLUSIVE on the
  * table until it ends), named so that migrate's message can be checked for it. */
@@ -69,18 +61,18 @@ static bool exited_or_waiting(void *arg)
 
 Test(migrate, up_to_date_table_takes_no_lock, .timeout = 120)
 {
-	char t[64], err[512];
+	char err[512];
 	const char *const args[] = { "migrate", NULL };
-	PGconn *admin = harness_pg_connect(), *holder;
+	struct fixture fx;
+	PGconn *holder;
 	struct migrate_wait w;
 	int failed = 0, status;
 
-	harness_unique_name(t, sizeof(t), "mig_nolock");
-	harness_migrate(t);
-	holder = hold_insert(t, "mig-holder", "held-1");
+	fixture_setup(&fx, "mig_nolock", &(struct fixture_options){ .no_consumer = true });
+	holder = hold_insert(fx.table, "mig-holder", "held-1");
 
-	w.c = admin;
-	w.m = harness_relay_start(t, NULL, args);
+	w.c = fx.pg;
+	w.m = harness_relay_start(fx.table, NULL, args);
 	cr_assert(harness_wait_until(exited_or_waiting, &w, 20000),
 	          "migrate neither ended nor waited");
 	/* While migrate runs (or ran): five other producers, 2 s each at most. */
@@ -88,7 +80,7 @@ Test(migrate, up_to_date_table_takes_no_lock, .timeout = 120)
 		char id[32];
 
 		snprintf(id, sizeof(id), "p-%d", i);
-		if (timed_insert(t, id, err, sizeof(err)) != 0) {
+		if (timed_insert(fx.table, id, err, sizeof(err)) != 0) {
 			cr_log_error("producer %d: %s", i, err);
 			failed++;
 		}
@@ -101,55 +93,53 @@ Test(migrate, up_to_date_table_takes_no_lock, .timeout = 120)
 	cr_assert_eq(failed, 0, "%d of 5 producers' inserts timed out behind migrate", failed);
 	cr_assert_eq(status, 0, "migrate on an up-to-date table exited %d (-1: still waiting)",
 	             status);
-	cr_assert_eq(harness_pg_int(admin, "SELECT count(*) FROM %s", t), 6);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", fx.table), 6);
 	harness_relay_free(w.m);
-	drop_all(admin, t);
-	PQfinish(admin);
+	fixture_teardown(&fx);
 }
 
 Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout = 120)
 {
-	char t[64];
-	PGconn *c = harness_pg_connect();
+	struct fixture fx;
 	char *src, *cfg;
 
-	harness_unique_name(t, sizeof(t), "mig_fix");
-	harness_migrate(t);
+	fixture_setup(&fx, "mig_fix", &(struct fixture_options){ .no_consumer = true });
 	/* What an older version left: no purge index, the pending index (every unpublished row)
 	 * instead of the unkeyed one, and its wake-up: a function without a pinned search_path
 	 * behind a deferred per-row constraint trigger. */
-	harness_pg_exec(c,
+	harness_pg_exec(fx.pg,
 	                "DROP INDEX %s_unkeyed_idx; DROP INDEX %s_published_idx;"
 	                " CREATE INDEX %s_pending_idx ON %s (seq) WHERE published_at IS NULL",
-	                t, t, t, t);
-	harness_pg_exec(c,
+	                fx.table, fx.table, fx.table, fx.table);
+	harness_pg_exec(fx.pg,
 	                "DROP TRIGGER %s_wakeup ON %s;"
 	                " CREATE OR REPLACE FUNCTION %s_wakeup_notify() RETURNS trigger"
 	                " LANGUAGE plpgsql AS $fn$ BEGIN PERFORM pg_notify('%s', ''); RETURN NULL;"
 	                " END $fn$;"
 	                " CREATE CONSTRAINT TRIGGER %s_wakeup AFTER INSERT ON %s DEFERRABLE"
 	                " INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %s_wakeup_notify()",
-	                t, t, t, t, t, t, t);
-	harness_migrate(t);
+	                fx.table, fx.table, fx.table, fx.table, fx.table, fx.table, fx.table);
+	harness_migrate(fx.table);
 
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
 	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
 	                            " AND i.indisvalid AND ic.relname IN ('%s_unkeyed_idx',"
 	                            " '%s_key_idx', '%s_published_idx')",
-	                            t, t, t, t),
+	                            fx.table, fx.table, fx.table, fx.table),
 	             3, "all three indexes, valid");
 	cr_assert_eq(
-	        harness_pg_int(c, "SELECT count(*) FROM pg_class WHERE relname = '%s_pending_idx'",
-	                       t),
+	        harness_pg_int(fx.pg,
+	                       "SELECT count(*) FROM pg_class WHERE relname = '%s_pending_idx'",
+	                       fx.table),
 	        0, "the retired index is dropped");
-	src = harness_pg_string(c, "SELECT prosrc FROM pg_proc WHERE proname = '%s_wakeup_notify'",
-	                        t);
+	src = harness_pg_string(
+	        fx.pg, "SELECT prosrc FROM pg_proc WHERE proname = '%s_wakeup_notify'", fx.table);
 	cfg = harness_pg_string(
-	        c,
+	        fx.pg,
 	        "SELECT array_to_string(proconfig, ';') FROM pg_proc WHERE proname ="
 	        " '%s_wakeup_notify'",
-	        t);
+	        fx.table);
 	cr_assert_not_null(src);
 	cr_assert(strstr(src, "pg_catalog.pg_notify(") != NULL, "%s", src);
 	cr_assert(strstr(src, "pg_catalog.pg_try_advisory_lock_shared(") != NULL,
@@ -157,14 +147,13 @@ Test(migrate, missing_objects_are_created_and_an_old_function_replaced, .timeout
 	cr_assert_null(cfg, "the function sets nothing per call (it names its objects): %s", cfg);
 	free(src);
 	free(cfg);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                            " AND tgname = '%s_wakeup' AND tgtype = 4"
 	                            " AND NOT tgdeferrable AND tgqual IS NULL",
-	                            t, t),
+	                            fx.table, fx.table),
 	             1, "the deferred row trigger is replaced by the statement trigger");
-	drop_all(c, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 /* Runs migrate for t to its end and returns its output (harness_output_free()). */
@@ -175,45 +164,45 @@ static void run_migrate(struct harness_output *o, const char *t)
 
 Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 {
-	char t[64], pid[16];
-	PGconn *c = harness_pg_connect(), *holder;
+	char pid[16];
+	struct fixture fx;
+	PGconn *holder;
 	struct harness_output o;
 
-	harness_unique_name(t, sizeof(t), "mig_blocked");
-	harness_migrate(t);
+	fixture_setup(&fx, "mig_blocked", &(struct fixture_options){ .no_consumer = true });
 
 	/* A change in the transaction: the trigger (SHARE ROW EXCLUSIVE on the table). */
-	harness_pg_exec(c, "DROP TRIGGER %s_wakeup ON %s", t, t);
-	holder = hold_insert(t, "mig-holder", "held-1");
+	harness_pg_exec(fx.pg, "DROP TRIGGER %s_wakeup ON %s", fx.table, fx.table);
+	holder = hold_insert(fx.table, "mig-holder", "held-1");
 	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
-	run_migrate(&o, t);
+	run_migrate(&o, fx.table);
 	cr_assert_eq(o.status, 1, "migrate exited %d (-1: killed after 60 s):\n%s%s", o.status,
 	             o.out, o.err);
-	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder'") &&
+	cr_assert(strstr(o.err, fx.table) && strstr(o.err, pid) && strstr(o.err, "'mig-holder'") &&
 	                  strstr(o.err, "nothing was changed"),
 	          "the message names the table, the holder and the outcome: %s", o.err);
 	cr_assert_eq(strchr(o.err, '\n'), o.err + strlen(o.err) - 1, "one line: %s", o.err);
 	harness_output_free(&o);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                            " AND tgname = '%s_wakeup'",
-	                            t, t),
+	                            fx.table, fx.table),
 	             0, "nothing was changed");
 
 	/* An index build (CONCURRENTLY: it waits for the holder's transaction). */
 	harness_pg_exec(holder, "COMMIT");
 	PQfinish(holder);
-	harness_migrate(t);
-	harness_pg_exec(c, "DROP INDEX %s_unkeyed_idx", t);
-	holder = hold_insert(t, "mig-holder-2", "held-2");
+	harness_migrate(fx.table);
+	harness_pg_exec(fx.pg, "DROP INDEX %s_unkeyed_idx", fx.table);
+	holder = hold_insert(fx.table, "mig-holder-2", "held-2");
 	snprintf(pid, sizeof(pid), "pid %d", PQbackendPID(holder));
 	/* An index build waits for short transactions (it blocks nobody meanwhile); one that has
 	 * held the table for the lock timeout already makes it fail at once. */
 	harness_sleep_ms(5500);
-	run_migrate(&o, t);
+	run_migrate(&o, fx.table);
 	cr_assert_eq(o.status, 1, "migrate exited %d:\n%s%s", o.status, o.out, o.err);
-	cr_assert(strstr(o.err, t) && strstr(o.err, pid) && strstr(o.err, "'mig-holder-2'") &&
-	                  strstr(o.err, "_unkeyed_idx"),
+	cr_assert(strstr(o.err, fx.table) && strstr(o.err, pid) &&
+	                  strstr(o.err, "'mig-holder-2'") && strstr(o.err, "_unkeyed_idx"),
 	          "%s", o.err);
 	harness_output_free(&o);
 	harness_pg_exec(holder, "COMMIT");
@@ -221,33 +210,32 @@ Test(migrate, a_blocked_change_fails_within_the_lock_timeout, .timeout = 180)
 
 	/* Once the holder is gone, the next run finishes the job (an unfinished index build
 	 * left an invalid index behind: it is dropped and built again). */
-	harness_migrate(t);
-	cr_assert_eq(harness_pg_int(c,
+	harness_migrate(fx.table);
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_index i JOIN pg_class ic"
 	                            " ON ic.oid = i.indexrelid WHERE i.indrelid = '%s'::regclass"
 	                            " AND i.indisvalid AND ic.relname = '%s_unkeyed_idx'",
-	                            t, t),
+	                            fx.table, fx.table),
 	             1);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_index WHERE indrelid = '%s'::regclass"
 	                            " AND NOT indisvalid",
-	                            t),
+	                            fx.table),
 	             0, "no invalid index left");
-	drop_all(c, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 Test(migrate, two_concurrent_migrates_of_a_new_table, .timeout = 120)
 {
-	char t[64];
 	const char *const args[] = { "migrate", NULL };
 	struct harness_relay *a, *b;
-	PGconn *c = harness_pg_connect();
+	struct fixture fx;
 	int sa, sb;
 
-	harness_unique_name(t, sizeof(t), "mig_twice");
-	a = harness_relay_start(t, NULL, args);
-	b = harness_relay_start(t, NULL, args);
+	fixture_setup(&fx, "mig_twice",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	a = harness_relay_start(fx.table, NULL, args);
+	b = harness_relay_start(fx.table, NULL, args);
 	sa = harness_relay_wait(a, MIGRATE_EXIT_MS);
 	sb = harness_relay_wait(b, MIGRATE_EXIT_MS);
 	if (sa != 0)
@@ -255,15 +243,14 @@ Test(migrate, two_concurrent_migrates_of_a_new_table, .timeout = 120)
 	if (sb != 0)
 		harness_relay_dump_log(b);
 	cr_assert(sa == 0 && sb == 0, "exit statuses %d and %d", sa, sb);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
 	                            " AND NOT tgisinternal",
-	                            t),
+	                            fx.table),
 	             1, "one wake-up trigger");
 	harness_relay_free(a);
 	harness_relay_free(b);
-	drop_all(c, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 /* ---- the wake-up trigger and the producer's search_path ---- */
@@ -317,55 +304,56 @@ static void produce_with_path(PGconn *listener, const char *t, const char *path_
 
 Test(migrate, wakeup_works_under_any_producer_search_path, .timeout = 120)
 {
-	char t[64], hostile[80];
-	PGconn *l = harness_pg_connect();
+	char hostile[80];
+	struct fixture fx;
 
-	harness_unique_name(t, sizeof(t), "mig_path");
-	snprintf(hostile, sizeof(hostile), "%s_hostile", t);
-	harness_migrate(t);
-	harness_pg_exec(l, "LISTEN \"%s\"", t);
+	fixture_setup(&fx, "mig_path", &(struct fixture_options){ .no_consumer = true });
+	snprintf(hostile, sizeof(hostile), "%s_hostile", fx.table);
+	harness_pg_exec(fx.pg, "LISTEN \"%s\"", fx.table);
 
-	produce_with_path(l, t, "SET search_path = ''", "empty-path");
+	produce_with_path(fx.pg, fx.table, "SET search_path = ''", "empty-path");
 
 	/* A schema ahead of pg_catalog on the path with a pg_notify of its own that does nothing,
 	 * a lock test that always succeeds (nobody waiting, so no notification) and an int4 that
 	 * fails every cast: a function that followed the producer's path would stay silent, or
 	 * fail the producer's INSERT. */
-	harness_pg_exec(l,
+	harness_pg_exec(fx.pg,
 	                "CREATE SCHEMA %s; CREATE FUNCTION %s.pg_notify(text, text) RETURNS void"
 	                " LANGUAGE sql AS 'SELECT NULL::void';"
 	                " CREATE FUNCTION %s.pg_try_advisory_lock_shared(integer, integer)"
 	                " RETURNS boolean LANGUAGE sql AS 'SELECT true';"
 	                " CREATE DOMAIN %s.int4 AS integer CHECK (VALUE IS NULL)",
 	                hostile, hostile, hostile, hostile);
-	produce_with_path(l, t, "SET search_path = ''", "empty-path-2");
+	produce_with_path(fx.pg, fx.table, "SET search_path = ''", "empty-path-2");
 	char path[160];
 	snprintf(path, sizeof(path), "SET search_path = %s, pg_catalog, public", hostile);
-	produce_with_path(l, t, path, "hostile-path");
+	produce_with_path(fx.pg, fx.table, path, "hostile-path");
 
-	harness_pg_exec(l, "DROP SCHEMA %s CASCADE", hostile);
-	drop_all(l, t);
-	PQfinish(l);
+	harness_pg_exec(fx.pg, "DROP SCHEMA %s CASCADE", hostile);
+	fixture_teardown(&fx);
 }
 
 /* The inbox's migrate, which every consumer runs at start, reads the catalog first too. */
 Test(migrate, inbox_migrate_on_an_up_to_date_table_takes_no_lock, .timeout = 60)
 {
-	char t[64], err[512] = "";
-	PGconn *c = harness_pg_connect(), *holder = harness_pg_connect();
+	char err[512] = "";
+	struct fixture fx;
+	PGconn *holder;
 
-	harness_unique_name(t, sizeof(t), "mig_inbox");
-	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK, "%s", err);
+	/* The first inbox_migrate() makes the table. */
+	fixture_setup(&fx, "mig_inbox",
+	              &(struct fixture_options){ .inbox = true, .no_consumer = true });
+	holder = harness_pg_connect();
 	harness_pg_exec(holder, "BEGIN");
-	harness_pg_exec(holder, "INSERT INTO %s (message_id) VALUES ('held')", t);
+	harness_pg_exec(holder, "INSERT INTO %s (message_id) VALUES ('held')", fx.table);
 	/* Bounded: the old migrate waited for a SHARE lock behind the holder. */
-	harness_pg_exec(c, "SET statement_timeout = '3s'");
-	cr_assert_eq(inbox_migrate(c, t, err, sizeof(err)), INBOX_OK,
+	harness_pg_exec(fx.pg, "SET statement_timeout = '3s'");
+	cr_assert_eq(inbox_migrate(fx.pg, fx.table, err, sizeof(err)), INBOX_OK,
 	             "an up-to-date inbox waited for a lock: %s", err);
 	harness_pg_exec(holder, "COMMIT");
 	PQfinish(holder);
-	harness_pg_exec(c, "RESET statement_timeout; DROP TABLE %s", t);
-	PQfinish(c);
+	harness_pg_exec(fx.pg, "RESET statement_timeout");
+	fixture_teardown(&fx);
 }
 
 /* A table the relay cannot use is refused before anything is changed, with one line naming
@@ -373,26 +361,28 @@ Test(migrate, inbox_migrate_on_an_up_to_date_table_takes_no_lock, .timeout = 60)
  * type behind a column migrate could add (the refusal must also drop what it had planned). */
 Test(migrate, a_table_it_cannot_use_is_refused_unchanged, .timeout = 120)
 {
-	char t[64], u[64];
-	PGconn *c = harness_pg_connect();
+	struct fixture fx, fu;
 	struct harness_output o;
 
-	harness_unique_name(t, sizeof(t), "mig_noid");
-	harness_pg_exec(c, "CREATE TABLE %s (seq BIGINT GENERATED ALWAYS AS IDENTITY, body TEXT)",
-	                t);
-	run_migrate(&o, t);
+	fixture_setup(&fx, "mig_noid",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	fixture_setup(&fu, "mig_type",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	harness_pg_exec(fx.pg,
+	                "CREATE TABLE %s (seq BIGINT GENERATED ALWAYS AS IDENTITY, body TEXT)",
+	                fx.table);
+	run_migrate(&o, fx.table);
 	cr_expect_neq(o.status, 0, "migrate of a table without id exited 0: %s", o.out);
 	cr_expect(strstr(o.err, "has no column id: it is not an outbox table; nothing was changed"),
 	          "migrate said: %s", o.err);
 	harness_output_free(&o);
 
-	harness_unique_name(u, sizeof(u), "mig_type");
-	harness_pg_exec(c,
+	harness_pg_exec(fx.pg,
 	                "CREATE TABLE %s (seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,"
 	                " id VARCHAR(64) PRIMARY KEY, exchange_name VARCHAR(255) NOT NULL,"
 	                " routing_key VARCHAR(255) NOT NULL, body TEXT NOT NULL, attempts TEXT)",
-	                u);
-	run_migrate(&o, u);
+	                fu.table);
+	run_migrate(&o, fu.table);
 	cr_expect_neq(o.status, 0, "migrate of a table with attempts TEXT exited 0: %s", o.out);
 	cr_expect(strstr(o.err, "column attempts of table") &&
 	                  strstr(o.err, "is of type text, the relay needs integer; nothing was "
@@ -400,12 +390,12 @@ Test(migrate, a_table_it_cannot_use_is_refused_unchanged, .timeout = 120)
 	          "migrate said: %s", o.err);
 	/* Under the sanitizers a leak on this path ends the process with LeakSanitizer's report. */
 	cr_expect_null(strstr(o.err, "LeakSanitizer"), "%s", o.err);
-	cr_expect_eq(harness_pg_int(c,
+	cr_expect_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM information_schema.columns WHERE"
 	                            " table_name = '%s' AND column_name = 'body_encoding'",
-	                            u),
+	                            fu.table),
 	             0, "a column was added although migrate refused the table");
 	harness_output_free(&o);
-	harness_pg_exec(c, "DROP TABLE %s, %s", t, u);
-	PQfinish(c);
+	fixture_teardown(&fu);
+	fixture_teardown(&fx);
 }
