@@ -15,6 +15,7 @@
 
 #include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define PGBOUNCER           "/usr/sbin/pgbouncer"
 #define DELIVERY_TIMEOUT_MS 120000
@@ -122,34 +123,25 @@ static void bouncer_stop(struct bouncer *b)
 	rmdir(b->dir);
 }
 
-static void drop_table(PGconn *c, const char *t)
-{
-	harness_pg_exec(c,
-	                "SET client_min_messages = warning; DROP TABLE IF EXISTS %s, %s_wakeup;"
-	                " DROP FUNCTION IF EXISTS %s_wakeup_notify()",
-	                t, t, t);
-}
-
 /* A pooling mode that cannot serve the relay: it must not relay, must say why in one error
  * line, once, and exit 1. */
 static void refused_in_mode(const char *mode)
 {
-	char t[64], env_url[320];
+	char env_url[320];
 	const char *env[2] = { env_url, NULL };
-	PGconn *c = harness_pg_connect();
+	struct fixture fx;
 	struct bouncer b;
 	struct harness_relay *r;
 	int status;
 
-	harness_unique_name(t, sizeof(t), "pool_refused");
-	harness_migrate(t);
-	harness_pg_exec(c,
+	fixture_setup(&fx, "pool_refused", &(struct fixture_options){ .no_consumer = true });
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " VALUES ('r-1', 'amq.topic', 'nowhere', '{}')",
-	                t);
+	                fx.table);
 	bouncer_start(&b, mode);
 	snprintf(env_url, sizeof(env_url), "OUTBOX_DATABASE_URL=%s", b.url);
-	r = harness_relay_start(t, env, NULL);
+	r = fixture_relay_start(&fx, env);
 	status = harness_relay_wait(r, EXIT_TIMEOUT_MS);
 	if (status != 1)
 		harness_relay_dump_log(r);
@@ -159,15 +151,13 @@ static void refused_in_mode(const char *mode)
 	cr_assert_eq(harness_relay_log_count(r, "pool_mode=transaction"), 1,
 	             "the error line names the problem");
 	cr_assert_eq(harness_relay_log_count(r, "direct connection or session pooling"), 1);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM %s WHERE published_at IS NULL"
 	                            " AND attempts = 0 AND locked_by IS NULL",
-	                            t),
+	                            fx.table),
 	             1, "nothing relayed, nothing claimed");
-	harness_relay_free(r);
 	bouncer_stop(&b);
-	drop_table(c, t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 Test(pooler, transaction_pooling_is_refused, .timeout = 180)
@@ -187,53 +177,42 @@ Test(pooler, statement_pooling_is_refused, .timeout = 180)
 
 Test(pooler, session_pooling_relays_end_to_end, .timeout = 300)
 {
-	char t[64], ex[80], q[80], env_url[320];
+	char env_url[320];
 	const char *env[2] = { env_url, NULL };
-	PGconn *c = harness_pg_connect();
-	struct consumer *cons;
-	struct harness_relay *r;
+	struct fixture fx;
 	struct bouncer b;
 
-	harness_unique_name(t, sizeof(t), "pool_session");
-	snprintf(ex, sizeof(ex), "%s_ex", t);
-	snprintf(q, sizeof(q), "%s_q", t);
+	/* The table is migrated through the pooler below. */
+	fixture_setup(&fx, "pool_session", &(struct fixture_options){ .no_migrate = true });
 	bouncer_start(&b, "session");
 	snprintf(env_url, sizeof(env_url), "OUTBOX_DATABASE_URL=%s", b.url);
 	{
 		/* migrate through the pooler too */
 		struct harness_output o;
 
-		harness_cli(&o, t, env, "migrate", (const char *)NULL);
+		harness_cli(&o, fx.table, env, "migrate", (const char *)NULL);
 		cr_assert_eq(o.status, 0, "migrate through pgbouncer: %s%s", o.out, o.err);
 		harness_output_free(&o);
 	}
-	cons = consumer_start(harness_amqp_url(), q, ex, "topic", "#");
-	harness_pg_exec(c,
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " SELECT 's-' || g, '%s', 'rk', '{}' FROM generate_series(1, 20) g",
-	                t, ex);
-	r = harness_relay_start(t, env, NULL);
-	if (!consumer_wait_unique(cons, 20, DELIVERY_TIMEOUT_MS)) {
-		harness_relay_dump_log(r);
-		cr_assert_fail("%zu of 20 messages arrived through session pooling",
-		               consumer_unique(cons));
-	}
+	                fx.table, fx.exchange);
+	fixture_relay_start(&fx, env);
+	fixture_expect_unique(&fx, fx.cons, 20, DELIVERY_TIMEOUT_MS);
 	/* A row committed while the relay sleeps arrives too (LISTEN through the pooler). */
-	harness_pg_exec(c,
+	harness_pg_exec(fx.pg,
 	                "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	                " VALUES ('late', '%s', 'rk', '{}')",
-	                t, ex);
-	if (!consumer_wait_unique(cons, 21, DELIVERY_TIMEOUT_MS)) {
-		harness_relay_dump_log(r);
-		cr_assert_fail("the late row did not arrive");
-	}
-	HARNESS_WAIT(harness_pg_int(c, "SELECT count(*) FROM %s WHERE published_at IS NULL", t) ==
-	                     0,
+	                fx.table, fx.exchange);
+	fixture_expect_unique(&fx, fx.cons, 21, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            fx.table) == 0,
 	             30000);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s WHERE published_at IS NULL", t), 0);
-	harness_relay_finish(r, "relay");
-	consumer_stop(cons);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
+	                            fx.table),
+	             0);
+	/* The relay stops before its pooler does. */
+	fixture_teardown(&fx);
 	bouncer_stop(&b);
-	drop_table(c, t);
-	PQfinish(c);
 }

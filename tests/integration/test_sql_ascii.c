@@ -11,9 +11,13 @@
 #include "store/liboutbox/outbox.h"
 #include "tests/support/consumer_assert.h"
 #include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 
 #define DELIVERY_TIMEOUT_MS 120000
 
+/* The relay's table, exchange, queue and consumer; the table lives in g_db, not in the
+ * database of the fixture's connection. */
+static struct fixture g_fx;
 static char g_db[64];
 
 static void drop_db(void)
@@ -34,7 +38,13 @@ static void drop_db(void)
 	g_db[0] = '\0';
 }
 
-TestSuite(sql_ascii, .fini = drop_db, .timeout = 300);
+static void teardown(void)
+{
+	fixture_teardown(&g_fx);
+	drop_db();
+}
+
+TestSuite(sql_ascii, .fini = teardown, .timeout = 300);
 
 /* Ids that are not UTF-8 (and one that is, added through outbox_add()). */
 static const char *const ids[] = {
@@ -58,64 +68,64 @@ static const char *printable(const char *id, char *buf, size_t len)
  * is the database's plus url_extra. */
 static void round_trip(const char *url_extra)
 {
-	char t[64], ex[80], q[80], url[512], env_url[600], err[512], shown[64];
-	PGconn *admin = harness_pg_connect(), *p;
+	char url[512], env_url[600], err[512], shown[64];
+	PGconn *p;
 	struct harness_output o;
 	struct harness_relay *r;
-	struct consumer *cons;
-	struct outbox_message m = {
-		.id = UTF8_ID, .exchange = ex, .routing_key = "rk", .body = "{}", .body_len = 2
-	};
+	struct outbox_message m = { .id = UTF8_ID,
+		                    .exchange = g_fx.exchange,
+		                    .routing_key = "rk",
+		                    .body = "{}",
+		                    .body_len = 2 };
 	const char *env[2] = { env_url, NULL };
 
+	/* The table is migrated on the SQL_ASCII database below. */
+	fixture_setup(&g_fx, "sa", &(struct fixture_options){ .no_migrate = true });
 	harness_unique_name(g_db, sizeof(g_db), "sqlascii");
-	harness_pg_exec(admin,
+	harness_pg_exec(g_fx.pg,
 	                "CREATE DATABASE %s ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
 	                " TEMPLATE template0",
 	                g_db);
-	PQfinish(admin);
 	snprintf(url, sizeof(url), "%s dbname=%s", harness_pg_conninfo(), g_db);
 	snprintf(env_url, sizeof(env_url), "OUTBOX_DATABASE_URL=%s%s", url, url_extra);
-	harness_unique_name(t, sizeof(t), "sa");
-	snprintf(ex, sizeof(ex), "%s_ex", t);
-	snprintf(q, sizeof(q), "%s_q", t);
 
-	harness_cli(&o, t, env, "migrate", (const char *)NULL);
+	harness_cli(&o, g_fx.table, env, "migrate", (const char *)NULL);
 	cr_assert_eq(o.status, 0, "migrate on the SQL_ASCII database: %s%s", o.out, o.err);
 	harness_output_free(&o);
-	cons = consumer_start(harness_amqp_url(), q, ex, "topic", "#");
 
 	p = PQconnectdb(url);
 	cr_assert_eq(PQstatus(p), CONNECTION_OK, "%s", PQerrorMessage(p));
 	cr_assert_str_eq(PQparameterStatus(p, "server_encoding"), "SQL_ASCII");
 	for (size_t i = 0; i < N_IDS; i++) {
-		const char *v[2] = { ids[i], ex };
+		const char *v[2] = { ids[i], g_fx.exchange };
 		PGresult *res;
 		char sql[256];
 
 		snprintf(sql, sizeof(sql),
 		         "INSERT INTO %s (id, exchange_name, routing_key, body)"
 		         " VALUES ($1, $2, 'rk', '{}')",
-		         t);
+		         g_fx.table);
 		res = PQexecParams(p, sql, 2, NULL, v, NULL, NULL, 0);
 		cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s: %s",
 		             printable(ids[i], shown, sizeof(shown)), PQresultErrorMessage(res));
 		PQclear(res);
 	}
 	/* The library on a SQL_ASCII connection (client_encoding SQL_ASCII: nothing converted). */
-	cr_assert_eq(outbox_add(p, t, &m, err, sizeof(err)), OUTBOX_ADDED, "outbox_add: %s", err);
+	cr_assert_eq(outbox_add(p, g_fx.table, &m, err, sizeof(err)), OUTBOX_ADDED,
+	             "outbox_add: %s", err);
 
-	r = harness_relay_start(t, env, NULL);
-	if (!consumer_wait_unique(cons, N_IDS + 1, DELIVERY_TIMEOUT_MS)) {
+	r = harness_relay_start(g_fx.table, env, NULL);
+	if (!consumer_wait_unique(g_fx.cons, N_IDS + 1, DELIVERY_TIMEOUT_MS)) {
 		harness_relay_dump_log(r);
-		cr_assert_fail("%zu of %zu messages arrived", consumer_unique(cons), N_IDS + 1);
+		cr_assert_fail("%zu of %zu messages arrived", consumer_unique(g_fx.cons),
+		               N_IDS + 1);
 	}
 	/* Every row marked; then the relay stops, and nothing is left to publish again. */
 	{
 		char pending_sql[160];
 
 		snprintf(pending_sql, sizeof(pending_sql),
-		         "SELECT count(*) FROM %s WHERE published_at IS NULL", t);
+		         "SELECT count(*) FROM %s WHERE published_at IS NULL", g_fx.table);
 		HARNESS_WAIT(harness_pg_int(p, "%s", pending_sql) == 0, 30000);
 		if (harness_pg_int(p, "%s", pending_sql) != 0) {
 			char *left = harness_pg_string(
@@ -123,7 +133,7 @@ static void round_trip(const char *url_extra)
 			        "SELECT string_agg(encode(convert_to(id, 'SQL_ASCII'), 'hex') || ' "
 			        "attempts ' || attempts || ' ' || COALESCE(last_error, ''), '; ')"
 			        " FROM %s WHERE published_at IS NULL",
-			        t);
+			        g_fx.table);
 
 			harness_relay_dump_log(r);
 			cr_assert_fail("rows left unmarked (hex ids): %s", left ? left : "?");
@@ -132,15 +142,17 @@ static void round_trip(const char *url_extra)
 	/* Time for a republish loop to show itself before the relay stops. */
 	harness_sleep_ms(3000);
 	harness_relay_finish(r, "relay");
-	cr_assert_eq(harness_pg_int(p, "SELECT count(*) FROM %s WHERE published_at IS NOT NULL", t),
+	cr_assert_eq(harness_pg_int(p, "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
+	                            g_fx.table),
 	             (int64_t)N_IDS + 1);
 	for (size_t i = 0; i < N_IDS; i++)
-		cr_assert_eq(consumer_count(cons, ids[i]), 1, "id %s delivered %zu times",
-		             printable(ids[i], shown, sizeof(shown)), consumer_count(cons, ids[i]));
-	cr_assert_eq(consumer_count(cons, UTF8_ID), 1);
-	cr_assert_eq(consumer_duplicates(cons), 0);
-	consumer_stop(cons);
+		cr_assert_eq(consumer_count(g_fx.cons, ids[i]), 1, "id %s delivered %zu times",
+		             printable(ids[i], shown, sizeof(shown)),
+		             consumer_count(g_fx.cons, ids[i]));
+	cr_assert_eq(consumer_count(g_fx.cons, UTF8_ID), 1);
+	cr_assert_eq(consumer_duplicates(g_fx.cons), 0);
 	PQfinish(p);
+	fixture_teardown(&g_fx);
 }
 
 /* With client_encoding=SQL_ASCII in database.url the relay's connection converts nothing. */
