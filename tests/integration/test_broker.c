@@ -17,24 +17,9 @@
 #include "amqp/broker_testing.h"
 #include "amqp/message_map.h"
 #include "tests/support/amqp_admin.h"
+#include "tests/support/fixture.h"
 
 /* ---- a small rabbitmq-c admin/consumer connection for the test itself ---- */
-
-static const char *amqp_url_env(void)
-{
-	const char *url = getenv("RELAY_TEST_AMQP");
-
-	cr_assert(url != NULL && url[0] != '\0', "RELAY_TEST_AMQP is not set");
-	return url;
-}
-
-static void unique(char *buf, size_t n, const char *what)
-{
-	static unsigned counter;
-
-	snprintf(buf, n, "broker_test_%s_%ld_%u_%ld", what, (long)getpid(), ++counter,
-	         random() % 100000);
-}
 
 /* Takes the next message from q (NULL when the queue is empty). Caller destroys it. */
 static amqp_message_t *get_message(amqp_connection_state_t c, const char *q)
@@ -104,25 +89,17 @@ static struct broker_options opts;
 
 static void setup(void)
 {
-	srandom((unsigned)getpid());
 	admin = amqp_admin_open();
-	unique(exchange, sizeof(exchange), "ex");
-	unique(queue, sizeof(queue), "q");
+	harness_unique_name(exchange, sizeof(exchange), "broker_test_ex");
+	harness_unique_name(queue, sizeof(queue), "broker_test_q");
 	amqp_exchange_declare(admin, 1, amqp_cstring_bytes(exchange), amqp_cstring_bytes("direct"),
 	                      0, 0, 0, 0, amqp_empty_table);
 	amqp_admin_check(admin, "exchange.declare");
 	amqp_admin_queue(admin, queue, exchange, "k", false, amqp_empty_table);
 
-	memset(&opts, 0, sizeof(opts));
-	opts.url = amqp_url_env();
+	opts = fixture_broker_options(harness_amqp_url(), 10000, "outbox-relay broker test");
 	opts.heartbeat_ms = 30000;
-	opts.confirm_timeout_ms = 10000;
-	opts.tls_ca_file = opts.tls_cert_file = opts.tls_key_file = "";
-	opts.tls_verify_peer = true;
-	opts.connection_name = "outbox-relay broker test";
-	opts.wake_fd = -1;
-	b = broker_new(&opts);
-	cr_assert_not_null(b);
+	b = fixture_broker_new(&opts);
 	cr_assert_eq(broker_connect(b), BROKER_OK, "connect: %s", broker_errmsg(b));
 }
 
@@ -272,7 +249,7 @@ Test(broker, missing_exchange_is_refused_without_sending)
 	const char *ids[4] = { "nx-1", "nx-2", "nx-3", "nx-4" };
 	size_t counts[4];
 
-	unique(nope, sizeof(nope), "nope");
+	harness_unique_name(nope, sizeof(nope), "broker_test_nope");
 	m[0] = msg("nx-1", exchange, "k", "a");
 	m[1] = msg("nx-2", nope, "k", "b");
 	m[2] = msg("nx-3", exchange, "k", "c");
@@ -299,16 +276,13 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 	struct broker_result res[5];
 	const char *ids[5] = { "uid-1", "uid-2", "uid-3", "uid-4", "uid-5" };
 	size_t counts[5];
-	char *url = strdup(amqp_url_env());
-	struct amqp_connection_info ci;
+	const struct amqp_connection_info *ci = fixture_amqp_info();
 	char want[320];
 
-	cr_assert_not_null(url);
-	cr_assert_eq(amqp_parse_url(url, &ci), AMQP_STATUS_OK);
 	snprintf(want, sizeof(want),
 	         "PRECONDITION_FAILED - user_id property set to 'somebody-else' but authenticated "
 	         "user was '%s'",
-	         ci.user);
+	         ci->user);
 	m[2].properties = "{\"user_id\":\"somebody-else\"}";
 	cr_assert_eq(publish_confirm(m, 5, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	for (size_t i = 0; i < 5; i++) {
@@ -326,7 +300,6 @@ Test(broker, foreign_user_id_is_refused_and_only_that_row_blamed)
 	/* the channel works again for the next batch */
 	cr_assert_eq(publish_confirm(m, 2, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
 	cr_assert_eq(res[1].outcome, BROKER_ACKED);
-	free(url);
 }
 
 /* Rows that failed before go last, as a group of their own: when one of them closes the
@@ -378,7 +351,7 @@ Test(broker, full_queue_with_reject_publish_nacks)
 	};
 	struct broker_result res[3];
 
-	unique(full, sizeof(full), "full");
+	harness_unique_name(full, sizeof(full), "broker_test_full");
 	amqp_admin_full_queue(admin, full, exchange, "full", 1, false);
 
 	cr_assert_eq(publish_confirm(m, 3, res), BROKER_OK, "confirm: %s", broker_errmsg(b));
@@ -684,7 +657,7 @@ Test(broker, exchange_checks_keep_memory_flat, .timeout = 300)
 	struct broker_result res[1];
 	size_t before = 0, after;
 
-	unique(nope, sizeof(nope), "gone");
+	harness_unique_name(nope, sizeof(nope), "broker_test_gone");
 	m[0] = msg("flat-1", nope, "k", "a");
 	for (int i = 0; i < 3300; i++) {
 		if (i == 300)
@@ -725,7 +698,7 @@ Test(broker, many_nacks_are_each_reported)
 	static char ids[N][32];
 	char full[128];
 
-	unique(full, sizeof(full), "full");
+	harness_unique_name(full, sizeof(full), "broker_test_full");
 	amqp_admin_full_queue(admin, full, exchange, "full", 1, false);
 	for (size_t i = 0; i < N; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "nacks-%zu", i);
@@ -745,16 +718,10 @@ Test(broker, many_nacks_are_each_reported)
 
 Test(broker_connect, closed_port_fails_with_a_clear_message)
 {
-	struct broker_options o = {
-		.url = "amqp://guest:secret@127.0.0.1:1/",
-		.confirm_timeout_ms = 2000,
-		.tls_ca_file = "",
-		.tls_cert_file = "",
-		.tls_key_file = "",
-	};
-	struct broker *x = broker_new(&o);
+	struct broker_options o =
+	        fixture_broker_options("amqp://guest:secret@127.0.0.1:1/", 2000, NULL);
+	struct broker *x = fixture_broker_new(&o);
 
-	cr_assert_not_null(x);
 	cr_assert_eq(broker_connect(x), BROKER_ERR_CONN);
 	cr_assert_str_eq(broker_errmsg(x), "could not connect to 127.0.0.1:1: connection refused");
 	cr_assert_not(broker_connected(x));
@@ -764,44 +731,27 @@ Test(broker_connect, closed_port_fails_with_a_clear_message)
 Test(broker_connect, wrong_password_is_a_config_error_without_the_password)
 {
 	char url[512];
-	char *copy = strdup(amqp_url_env());
-	struct amqp_connection_info ci;
-	struct broker_options o = {
-		.confirm_timeout_ms = 5000,
-		.tls_ca_file = "",
-		.tls_cert_file = "",
-		.tls_key_file = "",
-	};
+	const struct amqp_connection_info *ci = fixture_amqp_info();
+	struct broker_options o;
 	struct broker *x;
 	char want[128];
 
-	cr_assert_not_null(copy);
-	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
-	snprintf(url, sizeof(url), "amqp://%s:wrong-Pa55word@%s:%d/", ci.user, ci.host, ci.port);
-	o.url = url;
-	x = broker_new(&o);
-	cr_assert_not_null(x);
+	snprintf(url, sizeof(url), "amqp://%s:wrong-Pa55word@%s:%d/", ci->user, ci->host, ci->port);
+	o = fixture_broker_options(url, 5000, NULL);
+	x = fixture_broker_new(&o);
 	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG, "got: %s", broker_errmsg(x));
 	snprintf(want, sizeof(want), "login refused for user '%s' at %s:%d (ACCESS_REFUSED",
-	         ci.user, ci.host, ci.port);
+	         ci->user, ci->host, ci->port);
 	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s", broker_errmsg(x));
 	cr_assert_null(strstr(broker_errmsg(x), "wrong-Pa55word"));
 	broker_free(x);
-	free(copy);
 }
 
 Test(broker_connect, bad_url_is_a_config_error)
 {
-	struct broker_options o = {
-		.url = "http://nowhere",
-		.confirm_timeout_ms = 1000,
-		.tls_ca_file = "",
-		.tls_cert_file = "",
-		.tls_key_file = "",
-	};
-	struct broker *x = broker_new(&o);
+	struct broker_options o = fixture_broker_options("http://nowhere", 1000, NULL);
+	struct broker *x = fixture_broker_new(&o);
 
-	cr_assert_not_null(x);
 	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG);
 	cr_assert_str_eq(broker_errmsg(x),
 	                 "invalid amqp.url: does not start with amqp:// or amqps://");
@@ -811,29 +761,18 @@ Test(broker_connect, bad_url_is_a_config_error)
 Test(broker_connect, missing_vhost_is_a_config_error_naming_the_node)
 {
 	char url[512], want[256];
-	char *copy = strdup(amqp_url_env());
-	struct amqp_connection_info ci;
-	struct broker_options o = {
-		.confirm_timeout_ms = 5000,
-		.tls_ca_file = "",
-		.tls_cert_file = "",
-		.tls_key_file = "",
-		.wake_fd = -1,
-	};
+	const struct amqp_connection_info *ci = fixture_amqp_info();
+	struct broker_options o;
 	struct broker *x;
 
-	cr_assert_not_null(copy);
-	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
-	snprintf(url, sizeof(url), "amqp://%s:%s@%s:%d/no-such-vhost", ci.user, ci.password,
-	         ci.host, ci.port);
-	o.url = url;
-	x = broker_new(&o);
-	cr_assert_not_null(x);
+	snprintf(url, sizeof(url), "amqp://%s:%s@%s:%d/no-such-vhost", ci->user, ci->password,
+	         ci->host, ci->port);
+	o = fixture_broker_options(url, 5000, NULL);
+	x = fixture_broker_new(&o);
 	cr_assert_eq(broker_connect(x), BROKER_ERR_CONFIG, "got: %s", broker_errmsg(x));
 	snprintf(want, sizeof(want),
-	         "could not open vhost 'no-such-vhost' as user '%s' at %s:%d (NOT_ALLOWED", ci.user,
-	         ci.host, ci.port);
+	         "could not open vhost 'no-such-vhost' as user '%s' at %s:%d (NOT_ALLOWED",
+	         ci->user, ci->host, ci->port);
 	cr_assert_eq(strncmp(broker_errmsg(x), want, strlen(want)), 0, "got: %s", broker_errmsg(x));
 	broker_free(x);
-	free(copy);
 }

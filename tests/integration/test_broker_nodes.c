@@ -15,53 +15,31 @@
 #include <amqp.h>
 
 #include "amqp/broker.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/tcp_proxy.h"
 
 #define PASSWORD_SHOWN_NEVER "s3cr3t-Pw"
 
-static struct amqp_connection_info ci;
-static char *ci_buf;
 static struct broker *b;
 
 static void setup(void)
 {
-	ci_buf = strdup(harness_amqp_url());
-	cr_assert_not_null(ci_buf);
-	cr_assert_eq(amqp_parse_url(ci_buf, &ci), AMQP_STATUS_OK);
 	b = NULL;
 }
 
 static void teardown(void)
 {
 	broker_free(b);
-	free(ci_buf);
 }
 
 TestSuite(broker_nodes, .init = setup, .fini = teardown, .timeout = 120);
 
-/* "amqp://user:password@127.0.0.1:port/" with the test broker's credentials, or with
- * password when it is not NULL. */
-static void node_url(char *out, size_t n, int port, const char *password)
-{
-	snprintf(out, n, "amqp://%s:%s@127.0.0.1:%d/", ci.user,
-	         password != NULL ? password : ci.password, port);
-}
-
 static struct broker *new_broker(const char *url, int64_t confirm_timeout_ms)
 {
 	static struct broker_options o;
-	struct broker *x;
 
-	memset(&o, 0, sizeof(o));
-	o.url = url;
-	o.confirm_timeout_ms = confirm_timeout_ms;
-	o.tls_ca_file = o.tls_cert_file = o.tls_key_file = "";
-	o.connection_name = "outbox-relay nodes test";
-	o.wake_fd = -1;
-	x = broker_new(&o);
-	cr_assert_not_null(x);
-	return x;
+	o = fixture_broker_options(url, confirm_timeout_ms, "outbox-relay nodes test");
+	return fixture_broker_new(&o);
 }
 
 /* A port nobody listens on: bound, then closed. */
@@ -113,8 +91,8 @@ Test(broker_nodes, a_refusing_first_node_is_skipped)
 	int port = closed_port();
 
 	/* The first node of a round is random: every start must end on the live node. */
-	node_url(a, sizeof(a), port, PASSWORD_SHOWN_NEVER);
-	node_url(c, sizeof(c), harness_amqp_port(), NULL);
+	fixture_amqp_node_url(a, sizeof(a), port, PASSWORD_SHOWN_NEVER);
+	fixture_amqp_node_url(c, sizeof(c), harness_amqp_port(), NULL);
 	snprintf(url, sizeof(url), "%s, %s", a, c);
 	snprintf(want, sizeof(want), "127.0.0.1:%d", harness_amqp_port());
 	for (int i = 0; i < 4; i++) {
@@ -134,8 +112,8 @@ Test(broker_nodes, a_lost_connection_moves_on_to_the_next_node)
 	char n0[256], n1[256], url[600], name[2][64];
 	int first;
 
-	node_url(n0, sizeof(n0), proxy_port(p[0]), NULL);
-	node_url(n1, sizeof(n1), proxy_port(p[1]), NULL);
+	fixture_amqp_node_url(n0, sizeof(n0), proxy_port(p[0]), NULL);
+	fixture_amqp_node_url(n1, sizeof(n1), proxy_port(p[1]), NULL);
 	snprintf(url, sizeof(url), "%s,%s", n0, n1);
 	for (int i = 0; i < 2; i++)
 		snprintf(name[i], sizeof(name[i]), "127.0.0.1:%d", proxy_port(p[i]));
@@ -169,7 +147,7 @@ Test(broker_nodes, all_nodes_down_is_one_error_per_round)
 
 	for (int i = 0; i < 3; i++) {
 		fd[i] = silent_listener(&port[i]);
-		node_url(u[i], sizeof(u[i]), port[i], PASSWORD_SHOWN_NEVER);
+		fixture_amqp_node_url(u[i], sizeof(u[i]), port[i], PASSWORD_SHOWN_NEVER);
 	}
 	snprintf(url, sizeof(url), "%s,%s,%s", u[0], u[1], u[2]);
 	b = new_broker(url, 1000);
@@ -181,7 +159,8 @@ Test(broker_nodes, all_nodes_down_is_one_error_per_round)
 		for (int i = 0; i < 3; i++)
 			cr_assert_eq(take_attempts(fd[i]), 1, "round %d, node %d", round, i);
 		snprintf(want, sizeof(want),
-		         "could not log in to %s as user '%s': ", broker_node(b), ci.user);
+		         "could not log in to %s as user '%s': ", broker_node(b),
+		         fixture_amqp_info()->user);
 		cr_assert_eq(strncmp(broker_errmsg(b), want, strlen(want)), 0, "%s",
 		             broker_errmsg(b));
 		cr_assert(strstr(broker_errmsg(b), "(all 3 nodes failed)") != NULL, "%s",
@@ -196,8 +175,8 @@ Test(broker_nodes, closed_ports_name_the_last_node)
 {
 	char u[2][256], url[600], want[128];
 
-	node_url(u[0], sizeof(u[0]), closed_port(), PASSWORD_SHOWN_NEVER);
-	node_url(u[1], sizeof(u[1]), closed_port(), PASSWORD_SHOWN_NEVER);
+	fixture_amqp_node_url(u[0], sizeof(u[0]), closed_port(), PASSWORD_SHOWN_NEVER);
+	fixture_amqp_node_url(u[1], sizeof(u[1]), closed_port(), PASSWORD_SHOWN_NEVER);
 	snprintf(url, sizeof(url), "%s,%s", u[0], u[1]);
 	b = new_broker(url, 2000);
 	cr_assert_eq(broker_connect(b), BROKER_ERR_CONN);
@@ -211,7 +190,7 @@ Test(broker_nodes, login_refused_by_every_node_is_a_config_error)
 {
 	char u[2][256], url[600];
 
-	node_url(u[0], sizeof(u[0]), harness_amqp_port(), PASSWORD_SHOWN_NEVER);
+	fixture_amqp_node_url(u[0], sizeof(u[0]), harness_amqp_port(), PASSWORD_SHOWN_NEVER);
 	snprintf(url, sizeof(url), "%s,%s", u[0], u[0]);
 	b = new_broker(url, 5000);
 	cr_assert_eq(broker_connect(b), BROKER_ERR_CONFIG, "%s", broker_errmsg(b));
@@ -221,7 +200,7 @@ Test(broker_nodes, login_refused_by_every_node_is_a_config_error)
 	broker_free(b);
 
 	/* One node refusing the login and one down is not a configuration error. */
-	node_url(u[1], sizeof(u[1]), closed_port(), NULL);
+	fixture_amqp_node_url(u[1], sizeof(u[1]), closed_port(), NULL);
 	snprintf(url, sizeof(url), "%s,%s", u[0], u[1]);
 	b = new_broker(url, 5000);
 	cr_assert_eq(broker_connect(b), BROKER_ERR_CONN, "%s", broker_errmsg(b));
@@ -231,7 +210,7 @@ Test(broker_nodes, a_bad_url_in_the_list_is_named_by_position)
 {
 	char u[256], url[600];
 
-	node_url(u, sizeof(u), harness_amqp_port(), PASSWORD_SHOWN_NEVER);
+	fixture_amqp_node_url(u, sizeof(u), harness_amqp_port(), PASSWORD_SHOWN_NEVER);
 	snprintf(url, sizeof(url), "%s,http://user:%s@nowhere/", u, PASSWORD_SHOWN_NEVER);
 	b = new_broker(url, 1000);
 	cr_assert_eq(broker_connect(b), BROKER_ERR_CONFIG);

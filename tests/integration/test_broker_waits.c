@@ -11,11 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <amqp.h>
-
 #include "amqp/broker.h"
 #include "base/clock.h"
-#include "tests/support/harness.h"
+#include "tests/support/fixture.h"
 #include "tests/support/tcp_proxy.h"
 
 /* Far longer than any bound below: a wait that is not cut short runs into the test's bound. */
@@ -34,37 +32,21 @@ struct waits {
 
 static struct waits w;
 
-/* RELAY_TEST_AMQP with the proxy's port. */
-static void proxy_url(char *out, size_t n, int port)
-{
-	char *copy = strdup(harness_amqp_url());
-	struct amqp_connection_info ci;
-
-	cr_assert_not_null(copy);
-	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
-	snprintf(out, n, "amqp://%s:%s@127.0.0.1:%d/", ci.user, ci.password, port);
-	free(copy);
-}
-
 static void setup(void)
 {
 	memset(&w, 0, sizeof(w));
 	w.wake[0] = w.wake[1] = -1;
 	w.proxy = proxy_start(harness_amqp_port());
-	proxy_url(w.url, sizeof(w.url), proxy_port(w.proxy));
+	fixture_amqp_node_url(w.url, sizeof(w.url), proxy_port(w.proxy), NULL);
 	cr_assert_eq(pipe(w.wake), 0);
 	atomic_store(&w.abort_at, 0);
 	atomic_store(&w.progress, 0);
-	w.opts.url = w.url;
-	w.opts.heartbeat_ms = 0; /* nothing but our calls may end a wait */
-	w.opts.confirm_timeout_ms = LONG_TIMEOUT_MS;
-	w.opts.tls_ca_file = w.opts.tls_cert_file = w.opts.tls_key_file = "";
-	w.opts.connection_name = "outbox-relay waits test";
+	/* No heartbeats: nothing but our calls may end a wait. */
+	w.opts = fixture_broker_options(w.url, LONG_TIMEOUT_MS, "outbox-relay waits test");
 	w.opts.abort_at_ms = &w.abort_at;
 	w.opts.wake_fd = w.wake[0];
 	w.opts.progress_ms = &w.progress;
-	w.b = broker_new(&w.opts);
-	cr_assert_not_null(w.b);
+	w.b = fixture_broker_new(&w.opts);
 }
 
 static void teardown(void)
@@ -297,8 +279,7 @@ Test(broker_waits, progress_moves_during_a_long_wait)
 	memset(&s, 0, sizeof(s));
 	w.opts.confirm_timeout_ms = 4000;
 	broker_free(w.b);
-	w.b = broker_new(&w.opts);
-	cr_assert_not_null(w.b);
+	w.b = fixture_broker_new(&w.opts);
 	cr_assert_eq(broker_connect(w.b), BROKER_OK, "connect: %s", broker_errmsg(w.b));
 	proxy_stall(w.proxy, true);
 	cr_assert_eq(broker_publish(w.b, m, 1, res), BROKER_OK, "publish: %s", broker_errmsg(w.b));

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-
 #include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
 #include "tests/support/tcp_proxy.h"
@@ -28,18 +26,6 @@ struct nodes {
 	char listen[64];
 	struct harness_relay *relay;
 };
-
-/* "amqp://user:password@127.0.0.1:port/" with the test broker's credentials. */
-static void node_url(char *out, size_t n, int port)
-{
-	struct amqp_connection_info ci;
-	char *buf = strdup(harness_amqp_url());
-
-	cr_assert_not_null(buf);
-	cr_assert_eq(amqp_parse_url(buf, &ci), AMQP_STATUS_OK, "RELAY_TEST_AMQP does not parse");
-	snprintf(out, n, "amqp://%s:%s@127.0.0.1:%d/", ci.user, ci.password, port);
-	free(buf);
-}
 
 static char *scrape(const struct nodes *t)
 {
@@ -160,7 +146,7 @@ Test(relay_nodes, a_dropped_node_moves_the_relay_to_the_other, .timeout = 600)
 	fixture_setup(&t.fx, "relay_nodes", NULL);
 	for (int i = 0; i < 2; i++) {
 		t.p[i] = proxy_start(harness_amqp_port());
-		node_url(url[i], sizeof(url[i]), proxy_port(t.p[i]));
+		fixture_amqp_node_url(url[i], sizeof(url[i]), proxy_port(t.p[i]), NULL);
 		snprintf(t.node[i], sizeof(t.node[i]), "127.0.0.1:%d", proxy_port(t.p[i]));
 	}
 	snprintf(e_amqp, sizeof(e_amqp), "OUTBOX_AMQP_URL=%s,%s", url[0], url[1]);
