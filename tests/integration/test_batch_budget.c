@@ -21,6 +21,9 @@ static const char *const relay_env[] = { "OUTBOX_RELAY_BATCH_MAX_BYTES=64KiB", N
 
 static void install_lease_log(struct fixture *f)
 {
+	fixture_drop_later(f,
+	                   "DROP TABLE IF EXISTS %s_leases; DROP FUNCTION IF EXISTS %s_lease_fn()",
+	                   f->table, f->table);
 	harness_pg_exec(f->pg,
 	                "CREATE TABLE %s_leases (token text NOT NULL, id text NOT NULL,"
 	                " len bigint NOT NULL);"
@@ -41,7 +44,6 @@ static void install_lease_log(struct fixture *f)
 Test(batch_budget, claims_stop_at_the_byte_budget, .timeout = 600)
 {
 	struct fixture f;
-	char name[80];
 	size_t dups = 0;
 	int64_t over, big_alone, claims;
 
@@ -97,11 +99,5 @@ Test(batch_budget, claims_stop_at_the_byte_budget, .timeout = 600)
 	fprintf(stderr, "batch_budget: rows=%d claims=%lld received=%zu lost=0 duplicates=%zu\n",
 	        ROWS, (long long)claims, consumer_received(f.cons), dups);
 
-	snprintf(name, sizeof(name), "%s", f.table);
 	fixture_teardown(&f);
-	f.pg = harness_pg_connect();
-	harness_pg_exec(f.pg,
-	                "DROP TABLE IF EXISTS %s_leases; DROP FUNCTION IF EXISTS %s_lease_fn()",
-	                name, name);
-	PQfinish(f.pg);
 }

@@ -87,40 +87,43 @@ static void weird_row(size_t i, struct outbox_row *row, void *arg)
 
 Test(harness, copy_insert_and_pg_helpers)
 {
-	PGconn *c = harness_pg_connect();
-	char t[64], *s;
+	struct fixture fx;
+	char *s;
 
-	harness_unique_name(t, sizeof(t), "hx");
+	/* A table of the columns harness_insert_rows() writes, not an outbox. */
+	fixture_setup(&fx, "hx",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
 	harness_pg_exec(
-	        c,
+	        fx.pg,
 	        "CREATE TABLE %s (id text PRIMARY KEY, exchange_name text, routing_key text,"
 	        " body text, body_encoding text, content_type text, headers text,"
 	        " properties text, ordering_key text)",
-	        t);
-	harness_insert_rows(c, t, 2, "ex", "rk", "w", weird_row, NULL);
-	harness_insert_rows(c, t, 1000, "ex2", "rk2", "plain", NULL, NULL);
-	cr_assert_eq(harness_pg_int(c, "SELECT count(*) FROM %s", t), 1002);
-	s = harness_pg_string(c, "SELECT body FROM %s WHERE id = 'w-0000000'", t);
+	        fx.table);
+	harness_insert_rows(fx.pg, fx.table, 2, "ex", "rk", "w", weird_row, NULL);
+	harness_insert_rows(fx.pg, fx.table, 1000, "ex2", "rk2", "plain", NULL, NULL);
+	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s", fx.table), 1002);
+	s = harness_pg_string(fx.pg, "SELECT body FROM %s WHERE id = 'w-0000000'", fx.table);
 	cr_assert_str_eq(s, "tab\there\nnew line \\ backslash\r");
 	free(s);
-	s = harness_pg_string(c, "SELECT body FROM %s WHERE id = 'w-0000001'", t);
+	s = harness_pg_string(fx.pg, "SELECT body FROM %s WHERE id = 'w-0000001'", fx.table);
 	cr_assert_str_eq(s, "ünïcødé ✓");
 	free(s);
-	s = harness_pg_string(c, "SELECT ordering_key FROM %s WHERE id = 'w-0000000'", t);
+	s = harness_pg_string(fx.pg, "SELECT ordering_key FROM %s WHERE id = 'w-0000000'",
+	                      fx.table);
 	cr_assert_null(s);
-	s = harness_pg_string(c, "SELECT body FROM %s WHERE id = 'plain-0000999'", t);
+	s = harness_pg_string(fx.pg, "SELECT body FROM %s WHERE id = 'plain-0000999'", fx.table);
 	cr_assert_str_eq(s, "{\"n\":999,\"id\":\"plain-0000999\"}");
 	free(s);
-	cr_assert_eq(harness_pg_int(c,
+	cr_assert_eq(harness_pg_int(fx.pg,
 	                            "SELECT count(*) FROM %s WHERE exchange_name = 'ex2' "
 	                            "AND routing_key = 'rk2' AND properties = '{}'",
-	                            t),
+	                            fx.table),
 	             1000);
 	char err[256];
-	cr_assert_neq(harness_pg_try_exec(c, err, sizeof(err), "SELECT * FROM %s_nope", t), 0);
+	cr_assert_neq(
+	        harness_pg_try_exec(fx.pg, err, sizeof(err), "SELECT * FROM %s_nope", fx.table), 0);
 	cr_assert(strstr(err, "does not exist") != NULL, "%s", err);
-	harness_pg_exec(c, "DROP TABLE %s", t);
-	PQfinish(c);
+	fixture_teardown(&fx);
 }
 
 Test(harness, consumer_records_properties_headers_and_duplicates)

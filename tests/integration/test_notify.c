@@ -225,7 +225,8 @@ static void dump_log(int fd)
 
 Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 600)
 {
-	char table[64], url[128], log_path[] = "/tmp/outbox-notify-log.XXXXXX";
+	char url[128], log_path[] = "/tmp/outbox-notify-log.XXXXXX";
+	struct fixture fx;
 	struct notify s;
 	struct proxy *proxy;
 	pid_t pid;
@@ -234,8 +235,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	int64_t last = 0, longest = 0, total = 0, deadline;
 	int log_fd, st;
 
-	harness_unique_name(table, sizeof(table), "notify_ready");
-	harness_migrate(table);
+	fixture_setup(&fx, "notify_ready", &(struct fixture_options){ .no_consumer = true });
 	notify_open(&s, false);
 	/* The broker behind a proxy that refuses every connection: the database connects, the
 	 * broker does not, and the relay keeps trying. */
@@ -244,7 +244,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	snprintf(url, sizeof(url), "amqp://guest:guest@127.0.0.1:%d", proxy_port(proxy));
 	log_fd = mkstemp(log_path);
 	cr_assert_geq(log_fd, 0);
-	pid = start_relay(table, url,
+	pid = start_relay(fx.table, url,
 	                  (const char *const[]){ s.env_sock, s.env_usec,
 	                                         "OUTBOX_RELAY_POLL_INTERVAL=200ms",
 	                                         "OUTBOX_LOG_LEVEL=debug", NULL },
@@ -312,6 +312,7 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
 	unlink(log_path);
 	proxy_stop(proxy);
 	notify_close(&s);
+	fixture_teardown(&fx);
 }
 
 /* NOTIFY_SOCKET in the abstract namespace ("@name"), and WATCHDOG_PID naming another process
@@ -320,18 +321,18 @@ Test(notify, ready_after_both_connections_status_watchdog_stopping, .timeout = 6
  * at once, whatever the machine's load; the two intervals waited besides only add to that. */
 Test(notify, abstract_socket_and_a_watchdog_meant_for_another_process, .timeout = 600)
 {
-	char table[64], other[32];
+	char other[32];
+	struct fixture fx;
 	struct notify s;
 	pid_t pid;
 	long ready, stopping;
 	int64_t deadline;
 	int st;
 
-	harness_unique_name(table, sizeof(table), "notify_abstract");
-	harness_migrate(table);
+	fixture_setup(&fx, "notify_abstract", &(struct fixture_options){ .no_consumer = true });
 	notify_open(&s, true);
 	snprintf(other, sizeof(other), "%ld", (long)getpid());
-	pid = start_relay(table, harness_amqp_url(),
+	pid = start_relay(fx.table, harness_amqp_url(),
 	                  (const char *const[]){ s.env_sock, s.env_usec,
 	                                         "OUTBOX_RELAY_POLL_INTERVAL=200ms", NULL },
 	                  -1, other);
@@ -350,6 +351,7 @@ Test(notify, abstract_socket_and_a_watchdog_meant_for_another_process, .timeout 
 	if (st != 0)
 		process_kill(pid);
 	notify_close(&s);
+	fixture_teardown(&fx);
 }
 
 /* Whether some thread of pid other than the main one is in write(2) to fd 2 (the first two
@@ -415,11 +417,11 @@ static void dead_row(size_t i, struct outbox_row *row, void *arg)
 
 Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 {
-	char table[64], e_listen[96], listen[64];
+	char e_listen[96], listen[64];
+	struct fixture fx;
 	struct notify s;
 	struct healthz_want w;
 	struct probe_reply r;
-	PGconn *pg;
 	int pipefd[2];
 	pid_t pid;
 	long i;
@@ -428,8 +430,7 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	int64_t deadline;
 	int st;
 
-	harness_unique_name(table, sizeof(table), "notify_stuck");
-	harness_migrate(table);
+	fixture_setup(&fx, "notify_stuck", &(struct fixture_options){ .no_consumer = true });
 	notify_open(&s, false);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
 	snprintf(e_listen, sizeof(e_listen), "OUTBOX_HTTP_LISTEN=%s", listen);
@@ -440,7 +441,7 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	(void)fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
 	/* The shortest bound the configuration allows: 5 x 100ms + 1s + 10s. log.level=warn: the
 	 * main thread's summary line (info) would block on the full pipe too. */
-	pid = start_relay(table, harness_amqp_url(),
+	pid = start_relay(fx.table, harness_amqp_url(),
 	                  (const char *const[]){ s.env_sock, s.env_usec, e_listen,
 	                                         "OUTBOX_RELAY_POLL_INTERVAL=100ms",
 	                                         "OUTBOX_AMQP_CONFIRM_TIMEOUT=1s",
@@ -455,8 +456,8 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 
 	/* Rows that go dead at once, one error line each: far more than the pipe holds. From
 	 * here on the test does not read the pipe. */
-	pg = harness_pg_connect();
-	harness_insert_rows(pg, table, 300, "amq.topic", "notify.stuck", "stuck", dead_row, NULL);
+	harness_insert_rows(fx.pg, fx.table, 300, "amq.topic", "notify.stuck", "stuck", dead_row,
+	                    NULL);
 	deadline = harness_now_ms() + STATE_TIMEOUT_MS;
 	while (!a_thread_writes_stderr(pid, &main_in_write) && harness_now_ms() < deadline)
 		notify_read(&s, 50);
@@ -509,9 +510,9 @@ Test(notify, watchdog_stops_while_a_loop_is_stuck, .timeout = 600)
 	cr_expect_eq(st, 0, "the relay exited %d after SIGTERM", st);
 	if (st == -1)
 		process_kill(pid);
-	PQfinish(pg);
 	close(pipefd[0]);
 	notify_close(&s);
+	fixture_teardown(&fx);
 }
 
 /* A NOTIFY_SOCKET that refuses every datagram (a socket file nobody reads any more): the

@@ -580,26 +580,25 @@ static int64_t count_columns(PGconn *c, const char *table)
 Test(relay_e2e, schema_applies_twice, .timeout = 60)
 {
 	struct harness_output o;
-	char table[64];
-	PGconn *c = harness_pg_connect();
+	struct fixture t;
 
-	harness_unique_name(table, sizeof(table), "e2e_schema");
-	harness_cli(&o, table, NULL, "schema", (const char *)NULL);
+	fixture_setup(&t, "e2e_schema",
+	              &(struct fixture_options){ .no_migrate = true, .no_consumer = true });
+	harness_cli(&o, t.table, NULL, "schema", (const char *)NULL);
 	cr_assert_eq(o.status, 0, "schema exited %d: %s", o.status, o.err);
-	cr_assert(strstr(o.out, table) != NULL, "the DDL does not name the table:\n%s", o.out);
+	cr_assert(strstr(o.out, t.table) != NULL, "the DDL does not name the table:\n%s", o.out);
 	for (int round = 0; round < 2; round++) {
-		PGresult *res = PQexec(c, o.out);
+		PGresult *res = PQexec(t.pg, o.out);
 
 		cr_assert(PQresultStatus(res) == PGRES_COMMAND_OK ||
 		                  PQresultStatus(res) == PGRES_TUPLES_OK,
 		          "applying the schema (round %d) failed: %s", round + 1,
-		          PQerrorMessage(c));
+		          PQerrorMessage(t.pg));
 		PQclear(res);
 	}
-	cr_assert_eq(count_columns(c, table), 18, "the table lacks some of DESIGN's columns");
+	cr_assert_eq(count_columns(t.pg, t.table), 18, "the table lacks some of DESIGN's columns");
 	harness_output_free(&o);
-	harness_pg_exec(c, "DROP TABLE IF EXISTS %s CASCADE", table);
-	PQfinish(c);
+	fixture_teardown(&t);
 }
 
 Test(relay_e2e, migrate_upgrades_acemq_table, .timeout = 120)
