@@ -69,17 +69,9 @@ static void open_source(struct under_test *t, const struct source_kind *kind,
 {
 	memset(t, 0, sizeof(*t));
 	t->kind = kind;
-	t->o.store = (struct store_options){
-		.conninfo = harness_pg_conninfo(),
-		.table = fx->table,
-		.channel = fx->table,
-		.relay_id = relay_id,
-		.application_name = "outbox-relay contract test",
-		.lease_ms = 60000,
-		.max_attempts = 3,
-		.batch_size = BATCH,
-		.wake_fd = -1,
-	};
+	t->o.store = fixture_store_options(fx, relay_id, false);
+	t->o.store.application_name = "outbox-relay contract test";
+	t->o.store.batch_size = BATCH;
 	t->o.confirm_timeout_ms = 5000;
 	t->o.poll_interval_ms = POLL_MS;
 	t->o.stopping = &g_stopping;
