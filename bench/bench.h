@@ -24,6 +24,7 @@ struct bench_options {
 	const char *only;  /* NULL = every measurement */
 	bool quick;
 	long n_tput; /* rows for the limit, throughput and keys runs */
+	long rows;   /* --rows as given, 0 when not: a measurement with a default of its own */
 	long n_backlog;
 	int phase_s;           /* producer cost phase, idle and load latency duration */
 	long workers;          /* relay.workers for every relay run (0 = BENCH_WORKERS_DFLT) */
@@ -71,6 +72,7 @@ void measure_load(struct bench *b);     /* load.c */
 void measure_producer(struct bench *b); /* producer.c */
 void measure_backlog(struct bench *b);  /* backlog.c */
 void measure_keys(struct bench *b);     /* keys.c */
+void measure_sources(struct bench *b);  /* sources.c */
 void report_memory(struct bench *b);    /* memory.c */
 
 /* ---- figures ---- */

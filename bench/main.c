@@ -65,9 +65,38 @@ static const struct bench_measurement measurements[] = {
 	  { { "backlog_first", 0 }, { "backlog_last", 0 }, { "backlog_ratio", 2 } } },
 	{ "memory", NULL, report_memory, { { "rss_kb", 0 }, { "rss_max_kb", 0 } } },
 	{ "keys", measure_keys, NULL, { { "keys", 0 }, { "nokeys", 0 }, { "keys_ratio", 2 } } },
+	/* A prototype's figures (issue 37), not the relay's: the three row sources' rows/s,
+	 * PostgreSQL CPU and WAL per message, and the WAL a logical slot held per row while
+	 * no relay ran. */
+	{ "sources",
+	  measure_sources,
+	  NULL,
+	  { { "src_l", 0 },
+	    { "src_a", 0 },
+	    { "src_b", 0 },
+	    { "src_l_pg_us", 1 },
+	    { "src_a_pg_us", 1 },
+	    { "src_b_pg_us", 1 },
+	    { "src_l_wal", 0 },
+	    { "src_a_wal", 0 },
+	    { "src_b_wal", 0 },
+	    { "src_b_held", 0 } } },
 };
 
 #define N_MEASUREMENTS (sizeof(measurements) / sizeof(measurements[0]))
+
+/* Measurements that run only when --only names them, never in a full run: a prototype's
+ * figures, which the relay's targets do not read. */
+static const char *const on_request[] = { "sources" };
+
+static bool in_full_run(const char *name)
+{
+	for (size_t i = 0; i < sizeof(on_request) / sizeof(on_request[0]); i++) {
+		if (strcmp(on_request[i], name) == 0)
+			return false;
+	}
+	return true;
+}
 
 static void on_signal(int sig)
 {
@@ -166,7 +195,7 @@ static void usage(FILE *out)
 		}
 	}
 	fprintf(out,
-	        " (memory comes with relay/backlog)\n"
+	        " (memory comes with relay/backlog; sources only with --only)\n"
 	        "  --load-rate: commits/s of the load run (default: half the relay's figure of "
 	        "the\n"
 	        "  same run, else %d)\n"
@@ -276,6 +305,7 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 		usage(stderr);
 		return 2;
 	}
+	o->rows = rows;
 	o->n_tput = rows ? rows : o->quick ? 10000 : 100000;
 	o->n_backlog = backlog ? backlog : o->quick ? 100000 : 1000000;
 	o->phase_s = secs ? (int)secs : o->quick ? 3 : 10;
@@ -324,7 +354,8 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
 		const struct bench_measurement *m = &measurements[i];
 
-		if (m->run && (!b.opt.only || strcmp(b.opt.only, m->name) == 0))
+		if (m->run &&
+		    (b.opt.only ? strcmp(b.opt.only, m->name) == 0 : in_full_run(m->name)))
 			m->run(&b);
 	}
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
