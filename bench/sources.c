@@ -171,7 +171,8 @@ static int64_t int_at(const PGresult *r, int row, int col)
 
 /* ---- (L): the lease source's claim and mark ---- */
 
-static int lease_setup(struct src *s)
+/* (L) needs nothing but the table; nor do the producers alone. */
+static int no_setup(struct src *s)
 {
 	(void)s;
 	return 0;
@@ -505,7 +506,7 @@ static void decode_close(struct src *s)
 }
 
 static const struct src_design designs[] = {
-	{ "L", "l", "claim + mark: two writes of every row", false, lease_setup, lease_open,
+	{ "L", "l", "claim + mark: two writes of every row", false, no_setup, lease_open,
 	  lease_take, lease_close },
 	{ "a", "a", "read above the position + one position write a batch", false, cursor_setup,
 	  cursor_open, cursor_take, cursor_close },
@@ -514,6 +515,22 @@ static const struct src_design designs[] = {
 };
 
 #define N_DESIGNS (sizeof(designs) / sizeof(designs[0]))
+
+static int alone_open(struct src *s)
+{
+	(void)s;
+	return 0;
+}
+
+static void alone_close(struct src *s)
+{
+	(void)s;
+}
+
+/* No design: the producers alone, the baseline of the load stretches (take NULL). */
+static const struct src_design alone = {
+	"-", "-", "no reader", false, no_setup, alone_open, NULL, alone_close,
+};
 
 /* ---- measuring ---- */
 
@@ -805,6 +822,13 @@ static int drain(struct src *s, long want, struct src_load *l, long load_rows, d
 			           s->taken);
 			goto out;
 		}
+		if (!s->d->take) {
+			/* The producers alone: the stretch ends with them. */
+			if (atomic_load(&l->done) == SOURCES_PRODUCERS)
+				s->taken = atomic_load(&l->committed);
+			bench_sleep_ms(5);
+			continue;
+		}
 		got = s->d->take(s);
 		if (got < 0)
 			goto out;
@@ -857,7 +881,10 @@ out:
 	return rc;
 }
 
-static void print_cost(const struct src *s, const struct src_cost *c, const char *unit)
+/* A stretch's cost; with base (the producers alone under the same load), what the design
+ * added to it. */
+static void print_cost(const struct src *s, const struct src_cost *c, const char *unit,
+                       const struct src_cost *base)
 {
 	char what[32], note[160];
 
@@ -876,9 +903,16 @@ static void print_cost(const struct src *s, const struct src_cost *c, const char
 	         s->reads, s->reads_empty, s->writes);
 	wal_print(what, unit, note, &c->wal);
 	/* A design that writes once a batch rounds to 0 B per message above. */
-	printf("%s: wal in all: %.0f B over %ld messages, %.0f B per writing statement\n", what,
-	       c->wal.bytes * (double)c->n, c->n,
-	       s->writes > 0 ? c->wal.bytes * (double)c->n / (double)s->writes : 0.0);
+	if (!base)
+		printf("%s: wal in all: %.0f B over %ld messages, %.0f B per writing statement\n",
+		       what, c->wal.bytes * (double)c->n, c->n,
+		       s->writes > 0 ? c->wal.bytes * (double)c->n / (double)s->writes : 0.0);
+	else
+		printf("%s: beyond the producers alone, per message: postgres %+.1f us, wal %+.1f "
+		       "B "
+		       "(%.0f B in all over the stretch)\n",
+		       what, c->cpu.pg_us - base->cpu.pg_us, c->wal.bytes - base->wal.bytes,
+		       (c->wal.bytes - base->wal.bytes) * (double)c->n);
 	printf("%s: the VACUUM after it, per %s: postgres %.1f us, wal %.0f B\n", what, unit,
 	       c->vac_pg_us, c->vac_wal);
 }
@@ -957,7 +991,7 @@ static int one_backlog(struct bench *b, PGconn *c, const struct src_design *d, l
 		goto out;
 	printf("%s: (%s): %s: %ld rows in batches of %ld: %.2f s, %.0f rows/s\n", s.what, d->tag,
 	       d->name, n, s.batch, cost->secs, cost->rate);
-	print_cost(&s, cost, "message");
+	print_cost(&s, cost, "message", NULL);
 	if (d->tag[0] == 'b') {
 		double held = query_double(
 		        c, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) / 1024.0"
@@ -976,13 +1010,16 @@ out:
 	return rc;
 }
 
-/* A design while producers insert at rate for the phase: what it costs per message, the
- * producers' inserts included. */
-static int one_load(struct bench *b, PGconn *c, const struct src_design *d, double rate)
+/* A design while producers insert at rate for the phase (or, with d = &alone, the producers
+ * alone: into *out): what it costs per message, the producers' inserts included, and beyond
+ * base (NULL: not known). 0, or -1 after bench_fail(). */
+static int one_load(struct bench *b, PGconn *c, const struct src_design *d, double rate,
+                    const struct src_cost *base, struct src_cost *out)
 {
 	struct src s = { 0 };
 	struct src_load *l = calloc(1, sizeof(*l));
 	struct src_cost cost;
+	char unit[96];
 	long rows = (long)llround(rate * b->opt.phase_s);
 	int rc = -1;
 
@@ -1001,12 +1038,27 @@ static int one_load(struct bench *b, PGconn *c, const struct src_design *d, doub
 		goto out;
 	if (vacuum_after(&s, cost.n, &cost) != 0)
 		goto out;
+	if (out)
+		*out = cost;
+	if (d == &alone) {
+		printf("%s: under load, the producers alone (%.0f commits/s from %d connections "
+		       "for "
+		       "%d s, one row each, no reader): %ld rows; per row: postgres %.1f us, wal "
+		       "%.0f B, outbox-bench %.1f us; machine busy %.0f %%, %.0f %% outside these "
+		       "processes (steal %.0f %%)\n",
+		       s.what, rate, SOURCES_PRODUCERS, b->opt.phase_s, cost.n, cost.cpu.pg_us,
+		       cost.wal.bytes, cost.cpu.self_us, cost.cpu.busy_pct, cost.cpu.other_pct,
+		       cost.cpu.steal_pct);
+		rc = 0;
+		goto out;
+	}
 	printf("%s: (%s): under load, %.0f commits/s from %d connections for %d s: %ld rows, "
 	       "%.1f rows a read that found any, all taken %.3f s after the last commit\n",
 	       s.what, d->tag, rate, SOURCES_PRODUCERS, b->opt.phase_s, cost.n,
 	       s.reads > s.reads_empty ? (double)cost.n / (double)(s.reads - s.reads_empty) : 0,
 	       cost.secs);
-	print_cost(&s, &cost, "message (inserts included)");
+	snprintf(unit, sizeof(unit), "message (the producers' inserts included)");
+	print_cost(&s, &cost, unit, base);
 	rc = 0;
 out:
 	if (d->setup == decode_setup)
@@ -1022,6 +1074,9 @@ static void ratio(const char *name, const double *v, bool ran[N_DESIGNS])
 	for (size_t i = 1; i < N_DESIGNS; i++) {
 		if (ran[i] && v[0] > 0 && v[i] == 0)
 			printf(" (%s) x0", designs[i].tag);
+		else if (ran[i] && v[0] > 0 && v[i] < 0)
+			/* Below a baseline measured apart: nothing, within the noise. */
+			printf(" (%s) <=0", designs[i].tag);
 		else if (ran[i] && v[0] > 0 && v[i] / v[0] >= 0.01)
 			printf(" (%s) x%.2f", designs[i].tag, v[i] / v[0]);
 		else if (ran[i] && v[0] > 0)
@@ -1037,9 +1092,10 @@ void measure_sources(struct bench *b)
 	long n = b->opt.rows ? b->opt.rows : b->opt.quick ? SOURCES_ROWS_QUICK : SOURCES_ROWS;
 	double rate = b->opt.load_rate > 0 ? (double)b->opt.load_rate : SOURCES_LOAD_RATE;
 	PGconn *c = db_open(b, what);
-	struct src_cost cost[N_DESIGNS];
+	struct src_cost cost[N_DESIGNS], load[N_DESIGNS], base;
 	struct src_idle idle[N_DESIGNS];
-	bool ran[N_DESIGNS] = { false };
+	bool ran[N_DESIGNS] = { false }, ran_load[N_DESIGNS];
+	double pg_add[N_DESIGNS], wal_add[N_DESIGNS];
 	double rate_v[N_DESIGNS], pg[N_DESIGNS], pg_vac[N_DESIGNS], wal[N_DESIGNS];
 	double wal_vac[N_DESIGNS];
 	char why[160] = "", level[32] = "?";
@@ -1085,11 +1141,24 @@ void measure_sources(struct bench *b)
 		ratio(", with the VACUUM after", wal_vac, ran);
 		printf("\n");
 	}
+	/* Under load: the producers alone, then each design; what each adds to them. */
+	if (one_load(b, c, &alone, rate, NULL, &base) != 0)
+		goto out;
 	for (size_t i = 0; i < N_DESIGNS; i++) {
+		ran_load[i] = false;
 		if (designs[i].tag[0] == 'b' && !decoding)
 			continue;
-		if (one_load(b, c, &designs[i], rate) != 0)
+		if (one_load(b, c, &designs[i], rate, &base, &load[i]) != 0)
 			continue;
+		ran_load[i] = true;
+		pg_add[i] = load[i].cpu.pg_us - base.cpu.pg_us;
+		wal_add[i] = load[i].wal.bytes - base.wal.bytes;
+	}
+	if (ran_load[0]) {
+		printf("%s: under load, beyond the producers alone, against (L):", what);
+		ratio(" postgres cpu per message", pg_add, ran_load);
+		ratio("; wal per message", wal_add, ran_load);
+		printf("\n");
 	}
 out:
 	if (decoding)
