@@ -11,7 +11,7 @@ dc() {
 # The container of a service of a project (docker ps, so that Compose v1 and v2 agree).
 svc_cid() { # PROJECT SERVICE
 	"$DOCKER" ps -aq --filter "label=com.docker.compose.project=$1" \
-		--filter "label=com.docker.compose.service=$2" | head -n 1
+		--filter "label=com.docker.compose.service=$2" | awk 'NR == 1'
 }
 
 # SQL on the demo's database, as the image's superuser over the local socket.
@@ -24,8 +24,10 @@ received_ids() {
 	"$DOCKER" logs "$(svc_cid docker consumer)" 2>/dev/null | awk '$1 == "received" { print $2 }'
 }
 
+# Reads every line before it answers (no grep -q or -m in a pipe: under pipefail, a writer cut
+# off by a reader that stopped early fails the pipe, and set -e ends the test without a word).
 consumer_has() {
-	received_ids | grep -qxF "$1"
+	received_ids | ID=$1 awk '$0 == ENVIRON["ID"] { found = 1 } END { exit !found }'
 }
 
 consumer_has_any() {
@@ -33,7 +35,7 @@ consumer_has_any() {
 }
 
 relay_log_has() {
-	"$DOCKER" logs "$(svc_cid docker relay)" 2>&1 | grep -qF -- "$1"
+	"$DOCKER" logs "$(svc_cid docker relay)" 2>&1 | S=$1 awk 'index($0, ENVIRON["S"]) { found = 1 } END { exit !found }'
 }
 
 all_published() {
@@ -141,7 +143,7 @@ test_demo() {
 	relay=$(svc_cid docker relay)
 	wait_until "the relay's log to name the missing file" 60 relay_log_has 'could not read OUTBOX_DATABASE_URL_FILE'
 	wait_until "the relay's health to say unhealthy" 120 is_unhealthy "$relay"
-	line=$(dc logs --no-color relay | grep -m 1 -F 'OUTBOX_DATABASE_URL_FILE' | sed 's/^[^|]*| //')
+	line=$(dc logs --no-color relay | awk 'index($0, "OUTBOX_DATABASE_URL_FILE") && !n++' | sed 's/^[^|]*| //')
 	status=$("$DOCKER" inspect -f '{{.State.Status}} exit={{.State.ExitCode}} health={{.State.Health.Status}}' "$relay")
 	say "bad input, wrong OUTBOX_DATABASE_URL_FILE: $status; logs relay: $line"
 

@@ -16,8 +16,8 @@ ha_received_ids() {
 	"$DOCKER" logs "$(svc_cid "$ha_project" consumer)" 2>/dev/null | awk '$1 == "received" { print $2 }'
 }
 
-ha_consumer_has() {
-	ha_received_ids | grep -qxF "$1"
+ha_consumer_has() { # reads every line: see consumer_has (demo.sh)
+	ha_received_ids | ID=$1 awk '$0 == ENVIRON["ID"] { found = 1 } END { exit !found }'
 }
 
 ha_consumer_has_any() {
