@@ -8,6 +8,9 @@
 #include <stdint.h>
 
 enum config_ordering { CONFIG_ORDERING_STRICT, CONFIG_ORDERING_SKIP_DEAD };
+/* Where the relay's rows come from (relay.source): a lease written into every row, or a
+ * position kept once per table (docs/design.md, "Row sources"). */
+enum config_source { CONFIG_SOURCE_LEASE, CONFIG_SOURCE_CURSOR };
 
 /* relay.workers' upper bound: the relay keeps per-worker arrays of this size (checked where
  * they are defined, in relay/). */
@@ -41,6 +44,7 @@ struct config {
 	int64_t relay_retry_backoff_max_ms;
 	int64_t relay_retention_ms;
 	enum config_ordering relay_ordering;
+	enum config_source relay_source;
 	int64_t relay_workers;
 	int64_t relay_purge_interval_ms;
 	int64_t relay_shutdown_timeout_ms;

@@ -17,14 +17,16 @@
 
 #define FIELD(f) offsetof(struct config, f)
 
-/* Index order must match enum config_ordering, enum config_log_level and
+/* Index order must match enum config_ordering, enum config_source, enum config_log_level and
  * enum config_log_format. */
 static const char *const ordering_choices[] = { "strict", "skip-dead", NULL };
+static const char *const source_choices[] = { "lease", "cursor", NULL };
 static const char *const level_choices[] = { "debug", "info", "warn", "error", NULL };
 static const char *const format_choices[] = { "text", "json", NULL };
 
 /* An enum key is stored through an int: the enums must be int-sized. */
 _Static_assert(sizeof(enum config_ordering) == sizeof(int), "enum config_ordering");
+_Static_assert(sizeof(enum config_source) == sizeof(int), "enum config_source");
 _Static_assert(sizeof(enum config_log_level) == sizeof(int), "enum config_log_level");
 _Static_assert(sizeof(enum config_log_format) == sizeof(int), "enum config_log_format");
 
@@ -218,6 +220,15 @@ static const struct config_key keys[] = {
 	        .choices = ordering_choices,
 	        .field = FIELD(relay_ordering),
 	        .help = "a dead keyed row blocks its key (strict) or is set aside (skip-dead)",
+	},
+	{
+	        .name = "relay.source",
+	        .env = "OUTBOX_RELAY_SOURCE",
+	        .type = CONFIG_ENUM,
+	        .def = "lease",
+	        .choices = source_choices,
+	        .field = FIELD(relay_source),
+	        .help = "lease: a lease written into each row; cursor: one position per table",
 	},
 	{
 	        .name = "relay.workers",

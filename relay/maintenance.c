@@ -146,6 +146,7 @@ struct maintenance *maintenance_start(struct relay *r)
 	m->seed = (uint64_t)clock_mono_us() | 1;
 	relay_store_options(cfg, r, true, "outbox-relay maintenance", &m->opts.store);
 	m->opts.store.channel = "";
+	m->opts.kind = cfg->relay_source == CONFIG_SOURCE_CURSOR ? SOURCE_CURSOR : SOURCE_LEASE;
 	m->opts.stopping = &r->stopping;
 	m->source = source_new(&m->opts);
 	if (!m->source || pthread_create(&m->thread, NULL, maintenance_main, m) != 0) {

@@ -195,6 +195,7 @@ struct worker *worker_new(struct relay *r, int index)
 	relay_store_options(cfg, r, false, w->app_name, &w->sopts.store);
 	/* A long wait that is still working keeps /healthz at 200. */
 	w->sopts.store.progress_ms = &g_metrics.tick_ms[index];
+	w->sopts.kind = cfg->relay_source == CONFIG_SOURCE_CURSOR ? SOURCE_CURSOR : SOURCE_LEASE;
 	w->sopts.confirm_timeout_ms = cfg->amqp_confirm_timeout_ms;
 	w->sopts.poll_interval_ms = cfg->relay_poll_interval_ms;
 	w->sopts.delete_published = cfg->relay_retention_ms == 0;

@@ -1,4 +1,4 @@
-/* The lease source's idle path (store/source.h, source_next() with nothing fetched ahead):
+/* The lease source's idle path (store/source.h, lease_next() with nothing fetched ahead):
  * claims that look everywhere before concluding that nothing is claimable, arming the wake-up
  * before sleeping, and catching up with producers that tested the wake-up just before it was
  * armed. */
@@ -14,7 +14,7 @@
  * the first unkeyed row, and through every ordering key (a claim looks at a few hundred keys;
  * the claims that follow go on through the rest, until one claims something or the keys run
  * out). Then the next claims start from the floor again. */
-static int claim_everywhere(struct source *s, bool disarm, struct store_batch *x)
+static int claim_everywhere(struct lease *s, bool disarm, struct store_batch *x)
 {
 	int rc;
 
@@ -47,7 +47,7 @@ static int claim_everywhere(struct source *s, bool disarm, struct store_batch *x
  * before it commits is caught within CATCH_UP_PAUSE_MS of its commit, and while no producer's
  * transaction is open this is one sample. The same settling makes keyed rows committed just
  * now claimable. 1 when the caller is to call again at *ask_at_ms, 0 to claim now. */
-static int catch_up(struct source *s, int64_t *ask_at_ms)
+static int catch_up(struct lease *s, int64_t *ask_at_ms)
 {
 	int rc = store_settle_watermark(s->store);
 	int64_t now = clock_mono_ms();
@@ -71,7 +71,7 @@ static int catch_up(struct source *s, int64_t *ask_at_ms)
  * again at once, ARM_TRIES times in all. Producers holding it at every try (contended): the
  * source asks to be called again after a pause, 1 ms and doubling up to ARM_PAUSE_MAX_MS, and
  * arms then. */
-static int arm(struct source *s)
+static int arm(struct lease *s)
 {
 	int rc = 0;
 
@@ -101,7 +101,7 @@ static int arm(struct source *s)
 
 /* With nothing fetched ahead: settles what is in flight, claims everywhere; finding nothing,
  * arms, catches up, claims everywhere once more, and says when to be called again. */
-int lease_next_idle(struct source *s, const struct source_batch **out, int64_t *ask_at_ms)
+int lease_next_idle(struct lease *s, const struct source_batch **out, int64_t *ask_at_ms)
 {
 	struct store_batch *x = &s->batches[s->cur];
 	int rc;

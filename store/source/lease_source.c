@@ -16,7 +16,7 @@
 #include "store/operator/admin.h"
 #include "store/source/source.h"
 
-static int grow(struct source *s, size_t n)
+static int grow(struct lease *s, size_t n)
 {
 	size_t cap = s->cap ? s->cap : 64;
 	void *p;
@@ -44,7 +44,7 @@ static int grow(struct source *s, size_t n)
 
 /* Keeps confirmed rows to mark once the database is back (else they are republished when
  * their lease runs out: a duplicate, not a loss). */
-static void owe(struct source *s, const char *token, const int64_t *seqs, size_t n)
+static void owe(struct lease *s, const char *token, const int64_t *seqs, size_t n)
 {
 	for (size_t i = 0; i < n && s->n_owed < OWED_MAX; i++) {
 		struct owed *p = realloc(s->owed, (s->n_owed + 1) * sizeof(*s->owed));
@@ -58,7 +58,7 @@ static void owe(struct source *s, const char *token, const int64_t *seqs, size_t
 	}
 }
 
-static void clear_owed(struct source *s)
+static void clear_owed(struct lease *s)
 {
 	free(s->owed);
 	s->owed = NULL;
@@ -66,7 +66,7 @@ static void clear_owed(struct source *s)
 }
 
 /* Marks what was owed, one statement per claim token (owed rows come in whole batches). */
-int lease_repay(struct source *s)
+int lease_repay(struct lease *s)
 {
 	size_t marked = 0, changed = 0;
 	int rc;
@@ -106,7 +106,7 @@ int lease_repay(struct source *s)
 /* ---- marks ---- */
 
 /* Counts a mark's answer: hit of its rows were still ours. */
-static void marked(struct source *s, size_t hit)
+static void marked(struct lease *s, size_t hit)
 {
 	s->mark = MARK_NONE;
 	lease_hook_marked(s, hit, s->marking_t0_us);
@@ -115,7 +115,7 @@ static void marked(struct source *s, size_t hit)
 /* Reads the answer to the mark sent at the end of the previous batch, sending it first if it
  * was held for a claim that is not coming. On failure the caller disconnects, which owes the
  * mark's rows. */
-int lease_finish_mark(struct source *s)
+int lease_finish_mark(struct lease *s)
 {
 	size_t hit = 0;
 	int rc;
@@ -167,7 +167,7 @@ int64_t lease_gather_us(int64_t since_claim_us, size_t rows, int batch_size, boo
  * the last claim could not see). What else may have become claimable below it since
  * (released or retried rows, expired delays, keys moved on by other relays) is found by a
  * claim without a floor at least every poll interval. */
-static void set_claim_floor(struct source *s, const struct store_batch *x)
+static void set_claim_floor(struct lease *s, const struct store_batch *x)
 {
 	int64_t now = clock_mono_ms();
 	int64_t first = x->n ? x->rows[0].seq : 0;
@@ -188,7 +188,7 @@ static void set_claim_floor(struct source *s, const struct store_batch *x)
  * as this source got busy), each kept by libpq until it is read: without this they would pile
  * up for as long as the load lasts. A busy source claims again after every batch, so they say
  * nothing it needs. A failure is left to the next statement, which meets it too. */
-static void drop_notifications(struct source *s)
+static void drop_notifications(struct lease *s)
 {
 	bool woken;
 
@@ -196,8 +196,8 @@ static void drop_notifications(struct source *s)
 		return;
 }
 
-/* Reads the claim sent by source_prefetch() into batches[1 - cur], with the mark it carried. */
-static int claim_answer(struct source *s)
+/* Reads the claim sent by lease_prefetch() into batches[1 - cur], with the mark it carried. */
+static int claim_answer(struct lease *s)
 {
 	struct store_batch *next = &s->batches[1 - s->cur];
 	int rc;
@@ -228,7 +228,7 @@ static int claim_answer(struct source *s)
  * no row is ever waited on past its lease. A batch is never left aside for having too little
  * lease — on a loaded machine that could repeat for ever; at worst its confirms are cut short
  * and its rows released. 1 when x goes out, 0 when nothing of it may be published. */
-static int hand_out(struct source *s, struct store_batch *x, const struct source_batch **out)
+static int hand_out(struct lease *s, struct store_batch *x, const struct source_batch **out)
 {
 	int64_t spare = (s->o.store.lease_ms - s->o.confirm_timeout_ms) / 2;
 	int64_t margin =
@@ -259,7 +259,7 @@ static int hand_out(struct source *s, struct store_batch *x, const struct source
 
 /* A batch just claimed goes out; should it not (its lease gone already), the caller comes
  * round again at once. */
-int lease_hand_out_now(struct source *s, struct store_batch *x, const struct source_batch **out,
+int lease_hand_out_now(struct lease *s, struct store_batch *x, const struct source_batch **out,
                        int64_t *ask_at_ms)
 {
 	int rc = hand_out(s, x, out);
@@ -269,7 +269,7 @@ int lease_hand_out_now(struct source *s, struct store_batch *x, const struct sou
 	return rc;
 }
 
-int source_next(struct source *s, const struct source_batch **out, int64_t *ask_at_ms)
+int lease_next(struct lease *s, const struct source_batch **out, int64_t *ask_at_ms)
 {
 	struct store_batch *x = &s->batches[s->cur];
 	int rc;
@@ -290,7 +290,7 @@ int source_next(struct source *s, const struct source_batch **out, int64_t *ask_
 	return rc < 0 ? rc : 0;
 }
 
-int source_prefetch(struct source *s, const struct source_batch *b)
+int lease_prefetch(struct lease *s, const struct source_batch *b)
 {
 	struct store_batch *x = &s->batches[s->cur];
 	bool disarm = s->armed;
@@ -329,7 +329,7 @@ int source_prefetch(struct source *s, const struct source_batch *b)
 /* ---- settling ---- */
 
 /* Sorts the rows of x by their fates into published[], failures[] and released[]. */
-static void sort_fates(struct source *s, const struct store_batch *x,
+static void sort_fates(struct lease *s, const struct store_batch *x,
                        const struct source_fate *fates, size_t *n_pub, size_t *n_fail,
                        size_t *n_rel)
 {
@@ -360,8 +360,7 @@ static void sort_fates(struct source *s, const struct store_batch *x,
 /* The database could not hear how x went: its confirmed rows are owed (marked after
  * reconnecting), everything else is left to its lease. From the fates, not published[]: that
  * may still hold the seqs of a mark in flight, which disconnecting owes. */
-static void owe_fates(struct source *s, const struct store_batch *x,
-                      const struct source_fate *fates)
+static void owe_fates(struct lease *s, const struct store_batch *x, const struct source_fate *fates)
 {
 	for (size_t i = 0; i < x->n; i++)
 		if (fates[i].outcome == SOURCE_PUBLISHED)
@@ -370,7 +369,7 @@ static void owe_fates(struct source *s, const struct store_batch *x,
 }
 
 /* As owe_fates(), once the fates are sorted (no mark is in flight then). */
-static int settle_lost(struct source *s, const struct store_batch *x, size_t n_pub, int rc)
+static int settle_lost(struct lease *s, const struct store_batch *x, size_t n_pub, int rc)
 {
 	owe(s, x->token, s->published, n_pub);
 	s->batches[1 - s->cur].n = 0;
@@ -384,7 +383,7 @@ static int settle_lost(struct source *s, const struct store_batch *x, size_t n_p
  * (claims of 4-6 rows) that cut the relay's database CPU per message by 6 % and its own by
  * 12 %. A keyed batch is marked on its own, so that the next claim can take its keys' next
  * rows. */
-static int write_fates(struct source *s, const struct store_batch *x,
+static int write_fates(struct lease *s, const struct store_batch *x,
                        const struct source_fate *fates)
 {
 	const struct store_batch *next = &s->batches[1 - s->cur];
@@ -439,7 +438,7 @@ static int write_fates(struct source *s, const struct store_batch *x,
 	return 0;
 }
 
-int source_settle(struct source *s, const struct source_batch *b, const struct source_fate *fates)
+int lease_settle(struct lease *s, const struct source_batch *b, const struct source_fate *fates)
 {
 	struct store_batch *x = &s->batches[s->cur];
 	int rc = 0;
@@ -463,7 +462,7 @@ int source_settle(struct source *s, const struct source_batch *b, const struct s
 /* ---- pausing and finishing ---- */
 
 /* Hands a batch fetched ahead back at once rather than after its lease. */
-static int hand_back(struct source *s)
+static int hand_back(struct lease *s)
 {
 	struct store_batch *x = &s->batches[s->cur];
 	int rc;
@@ -489,7 +488,7 @@ out:
 	return 0;
 }
 
-int source_pause(struct source *s)
+int lease_pause(struct lease *s)
 {
 	int rc;
 
@@ -513,7 +512,7 @@ int source_pause(struct source *s)
 	return 0;
 }
 
-int source_finish(struct source *s)
+int lease_finish(struct lease *s)
 {
 	int rc;
 
@@ -528,14 +527,14 @@ int source_finish(struct source *s)
 	return rc;
 }
 
-size_t source_owed(const struct source *s)
+size_t lease_owed(const struct lease *s)
 {
 	return s->n_owed;
 }
 
 /* ---- the connection ---- */
 
-int source_connect(struct source *s)
+int lease_connect(struct lease *s)
 {
 	int rc;
 
@@ -553,7 +552,7 @@ int source_connect(struct source *s)
  * only if the rows are still ours), never read as an answer that cannot come (which would
  * fail the next connection too). A claim on the wire and a batch fetched ahead are left to
  * their lease. The batch out stays, for its settling to owe its confirmed rows. */
-void source_disconnect(struct source *s)
+void lease_disconnect(struct lease *s)
 {
 	if (s->mark != MARK_NONE) {
 		owe(s, s->marking_token, s->published, s->n_marking);
@@ -567,47 +566,47 @@ void source_disconnect(struct source *s)
 	store_disconnect(s->store);
 }
 
-bool source_connected(const struct source *s)
+bool lease_connected(const struct lease *s)
 {
 	return store_connected(s->store);
 }
 
-void source_interrupt(struct source *s)
+void lease_interrupt(struct lease *s)
 {
 	store_interrupt(s->store);
 }
 
-const char *source_errmsg(const struct source *s)
+const char *lease_errmsg(const struct lease *s)
 {
 	return store_errmsg(s->store);
 }
 
-enum source_step source_step(const struct source *s)
+enum source_step lease_step(const struct lease *s)
 {
 	return s->step;
 }
 
-const char *source_server(const struct source *s)
+const char *lease_server(const struct lease *s)
 {
 	return store_server(s->store);
 }
 
-bool source_wakeup_current(const struct source *s)
+bool lease_wakeup_current(const struct lease *s)
 {
 	return store_wakeup_current(s->store);
 }
 
-int source_token_stem(const struct source *s, char *out, size_t cap)
+int lease_token_stem(const struct lease *s, char *out, size_t cap)
 {
 	return store_token_stem(s->store, out, cap);
 }
 
-int source_fd(const struct source *s)
+int lease_fd(const struct lease *s)
 {
 	return store_socket(s->store);
 }
 
-int source_input(struct source *s, bool *woken)
+int lease_input(struct lease *s, bool *woken)
 {
 	int rc = store_consume_input(s->store, woken);
 
@@ -618,65 +617,37 @@ int source_input(struct source *s, bool *woken)
 	return 0;
 }
 
-int source_backlog(struct source *s, struct store_status *st)
+int lease_backlog(struct lease *s, struct store_status *st)
 {
 	return store_status(s->store, st);
 }
 
-int source_purge(struct source *s, int64_t older_than_ms, int batch, const atomic_int *stop,
-                 int64_t *n_removed)
+int lease_purge(struct lease *s, int64_t older_than_ms, int batch, const atomic_int *stop,
+                int64_t *n_removed)
 {
 	return store_purge(s->store, older_than_ms, batch, stop, n_removed);
 }
 
-const char *source_step_text(enum source_step step)
+struct lease *lease_new(const struct source_options *opts)
 {
-	switch (step) {
-	case SOURCE_STEP_CLAIMING:
-		return "claiming rows";
-	case SOURCE_STEP_MARKING:
-		return "marking rows published";
-	case SOURCE_STEP_MARKING_FAILED:
-		return "marking rows failed";
-	case SOURCE_STEP_RELEASING:
-	case SOURCE_STEP_HANDING_BACK:
-		return "releasing leases";
-	case SOURCE_STEP_RENEWING:
-		return "renewing leases";
-	case SOURCE_STEP_REPAYING:
-		return "marking rows confirmed while the database was away";
-	case SOURCE_STEP_ARMING:
-		return "arming the wake-up";
-	case SOURCE_STEP_DISARMING:
-		return "disarming the wake-up";
-	case SOURCE_STEP_SETTLING_WATERMARK:
-		return "settling the ordering watermark";
-	case SOURCE_STEP_WAITING:
-		return "waiting for notifications";
-	default:
-		return "using the database";
-	}
-}
-
-struct source *source_new(const struct source_options *opts)
-{
-	struct source *s = calloc(1, sizeof(*s));
+	struct lease *s = calloc(1, sizeof(*s));
 
 	if (!s)
 		return NULL;
+	s->base.kind = SOURCE_LEASE;
 	s->o = *opts;
 	s->arm_pause_ms = 1;
 	store_batch_init(&s->batches[0]);
 	store_batch_init(&s->batches[1]);
 	s->store = store_new(&s->o.store);
 	if (!s->store) {
-		source_free(s);
+		lease_free(s);
 		return NULL;
 	}
 	return s;
 }
 
-void source_free(struct source *s)
+void lease_free(struct lease *s)
 {
 	if (!s)
 		return;

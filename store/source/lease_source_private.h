@@ -12,6 +12,7 @@
 #include "store/store.h"
 #include "store/source/lease.h"
 #include "store/source/source.h"
+#include "store/source/source_private.h"
 
 /* Confirmed rows kept in memory while the database is away, to be marked once it is back. A
  * source that cannot mark fetches nothing, so this only ever holds a batch or two. */
@@ -37,7 +38,8 @@ struct owed {
 	char token[STORE_TOKEN_MAX];
 };
 
-struct source {
+struct lease {
+	struct source base; /* first: a struct lease * is a struct lease * */
 	struct source_options o;
 	struct store *store;
 
@@ -73,7 +75,7 @@ struct source {
 	int64_t full_claim_ms;
 	int64_t claim_sent_us;
 
-	/* The idle path (source_next() with nothing fetched ahead). */
+	/* The idle path (lease_next() with nothing fetched ahead). */
 	enum { IDLE_CLAIM, IDLE_CATCH_UP } idle;
 	bool armed;     /* this session holds the wake-up lock */
 	bool contended; /* producers held the lock at every try of the last arming */
@@ -83,44 +85,44 @@ struct source {
 	enum source_step step;
 };
 
-static inline void lease_hook_marked(struct source *s, size_t rows, int64_t t0_us)
+static inline void lease_hook_marked(struct lease *s, size_t rows, int64_t t0_us)
 {
 	if (s->o.hooks.marked)
 		s->o.hooks.marked(s->o.hooks.arg, rows, clock_mono_us() - t0_us);
 }
 
-static inline void lease_hook_answered(struct source *s)
+static inline void lease_hook_answered(struct lease *s)
 {
 	if (s->o.hooks.answered)
 		s->o.hooks.answered(s->o.hooks.arg);
 }
 
-static inline void lease_hook_released(struct source *s, size_t rows)
+static inline void lease_hook_released(struct lease *s, size_t rows)
 {
 	if (s->o.hooks.released)
 		s->o.hooks.released(s->o.hooks.arg, rows);
 }
 
-static inline void lease_hook_tick(struct source *s)
+static inline void lease_hook_tick(struct lease *s)
 {
 	if (s->o.hooks.tick)
 		s->o.hooks.tick(s->o.hooks.arg);
 }
 
 /* What a claim leased but its batch could not hold (store/source/claim.c, fit_batch()). */
-static inline void lease_hook_unheld(struct source *s, const struct store_batch *b)
+static inline void lease_hook_unheld(struct lease *s, const struct store_batch *b)
 {
 	if ((b->n_cut || b->n_refused) && s->o.hooks.unheld)
 		s->o.hooks.unheld(s->o.hooks.arg, b->n_cut, b->n_refused, b->refused_id,
 		                  b->refused_error);
 }
 
-static inline bool lease_stopping(const struct source *s)
+static inline bool lease_stopping(const struct lease *s)
 {
 	return s->o.stopping && atomic_load(s->o.stopping);
 }
 
-static inline int lease_fail(struct source *s, enum source_step step, int rc)
+static inline int lease_fail(struct lease *s, enum source_step step, int rc)
 {
 	s->step = step;
 	return rc;
@@ -128,17 +130,17 @@ static inline int lease_fail(struct source *s, enum source_step step, int rc)
 
 /* lease_source.c */
 /* Reads the answer to the mark of the previous batch, sending it first if it was held. */
-int lease_finish_mark(struct source *s);
+int lease_finish_mark(struct lease *s);
 /* Marks what was owed while the database was away. */
-int lease_repay(struct source *s);
+int lease_repay(struct lease *s);
 /* Hands out x, just claimed; when it may not go, *ask_at_ms is now. 1 when it went out. */
-int lease_hand_out_now(struct source *s, struct store_batch *x, const struct source_batch **out,
+int lease_hand_out_now(struct lease *s, struct store_batch *x, const struct source_batch **out,
                        int64_t *ask_at_ms);
 
 /* lease_idle.c */
 /* With nothing fetched ahead: records what is in flight, claims everywhere; finding nothing,
  * arms the wake-up, catches up, claims everywhere once more, and says when to be called
  * again (*ask_at_ms). 1 when a batch went out (*out). */
-int lease_next_idle(struct source *s, const struct source_batch **out, int64_t *ask_at_ms);
+int lease_next_idle(struct lease *s, const struct source_batch **out, int64_t *ask_at_ms);
 
 #endif

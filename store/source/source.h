@@ -73,8 +73,14 @@ struct source_hooks {
 	void (*tick)(void *arg);
 };
 
+/* Which source (relay.source): the lease source (a lease written into every row it hands
+ * out, each row marked when it ends) or the cursor source (one position per table, moved once
+ * a batch; only the rows that cannot go at once are written). */
+enum source_kind { SOURCE_LEASE = 0, SOURCE_CURSOR };
+
 /* Borrowed by source_new() for the source's lifetime. */
 struct source_options {
+	enum source_kind kind;
 	struct store_options store; /* the connection, the table, the lease, the batch's size */
 	int64_t confirm_timeout_ms; /* the broker's answer may take this long (amqp.confirm_timeout) */
 	int64_t poll_interval_ms;   /* relay.poll_interval: the longest a row waits unnoticed */
@@ -121,13 +127,16 @@ enum source_step {
 	SOURCE_STEP_DISARMING,
 	SOURCE_STEP_SETTLING_WATERMARK,
 	SOURCE_STEP_WAITING,
+	SOURCE_STEP_LEADING,  /* the cursor source: taking or checking the table's lead */
+	SOURCE_STEP_READING,  /* ... reading rows above the position */
+	SOURCE_STEP_MOVING,   /* ... moving the position (and writing the rows it passes) */
+	SOURCE_STEP_DEFERRED, /* ... claiming or settling rows it passed (the exceptions) */
 };
 const char *source_step_text(enum source_step step); /* "claiming rows", ... */
 
 struct source;
 
-/* A new, unconnected lease source (the only one so far). opts is borrowed. NULL on out of
- * memory. */
+/* A new, unconnected source of opts->kind. opts is borrowed. NULL on out of memory. */
 struct source *source_new(const struct source_options *opts);
 void source_free(struct source *s); /* closes the connection; accepts NULL */
 

@@ -15,13 +15,13 @@
 #include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 
-/* The sources under contract: a name for the messages, and how to make one. */
-struct source_kind {
+/* The sources under contract: a name for the messages, and which source_new() makes. */
+struct contract_source {
 	const char *name;
-	struct source *(*make)(const struct source_options *o);
+	enum source_kind kind;
 };
-static const struct source_kind SOURCES[] = {
-	{ "lease", source_new },
+static const struct contract_source SOURCES[] = {
+	{ "lease", SOURCE_LEASE },
 };
 #define N_SOURCES (sizeof(SOURCES) / sizeof(SOURCES[0]))
 
@@ -56,7 +56,7 @@ static void on_answered(void *arg)
 }
 
 struct under_test {
-	const struct source_kind *kind;
+	const struct contract_source *kind;
 	struct source_options o;
 	struct heard heard;
 	struct source *src;
@@ -64,7 +64,7 @@ struct under_test {
 
 static atomic_int g_stopping;
 
-static void open_source(struct under_test *t, const struct source_kind *kind,
+static void open_source(struct under_test *t, const struct contract_source *kind,
                         const struct fixture *fx, const char *relay_id)
 {
 	memset(t, 0, sizeof(*t));
@@ -80,7 +80,8 @@ static void open_source(struct under_test *t, const struct source_kind *kind,
 		                            .repaid = on_repaid,
 		                            .released = on_released,
 		                            .answered = on_answered };
-	t->src = kind->make(&t->o);
+	t->o.kind = kind->kind;
+	t->src = source_new(&t->o);
 	cr_assert_not_null(t->src, "%s: out of memory", kind->name);
 	cr_assert_eq(source_connect(t->src), 0, "%s: connect: %s", kind->name,
 	             source_errmsg(t->src));
