@@ -304,6 +304,8 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 	answered(c);
 	c->read_fence = r->fence;
 	c->read_full = r->rows.n == (size_t)limit;
+	if (r->rows.n > 0)
+		c->pause_ms = 1; /* rows are flowing: the watermark moves as often as they come */
 	if ((rc = build(c, &n)) != 0)
 		return fail(c, SOURCE_STEP_READING, rc);
 	if (n == 0)
