@@ -32,6 +32,7 @@ struct cursor {
 	struct store *store;
 
 	bool leader;
+	bool standby_said;  /* the lead hook heard this relay stands by */
 	bool pos_known;     /* pos is what this relay last read or wrote of the table */
 	int64_t lead_at_ms; /* when to try for the lead again */
 	int64_t pos;        /* the table's position */
@@ -171,6 +172,9 @@ static int lead(struct cursor *c, int64_t now)
 		int64_t retry = c->o.poll_interval_ms < LEAD_RETRY_MS ? c->o.poll_interval_ms
 		                                                      : LEAD_RETRY_MS;
 		c->lead_at_ms = now + retry;
+		if (!c->standby_said && c->o.hooks.lead)
+			c->o.hooks.lead(c->o.hooks.arg, false, 0);
+		c->standby_said = true;
 		return 0;
 	}
 	/* What this relay still owes stands only on the position it was owed against. */
@@ -179,8 +183,11 @@ static int lead(struct cursor *c, int64_t now)
 		c->pos = c->read_pos = pos;
 	}
 	c->leader = c->pos_known = true;
+	c->standby_said = false;
 	c->read_fence = 0;
 	c->lane_due_ms = 0;
+	if (c->o.hooks.lead)
+		c->o.hooks.lead(c->o.hooks.arg, true, c->pos);
 	return 1;
 }
 
@@ -580,7 +587,7 @@ int cursor_connect(struct cursor *c)
 	int rc;
 
 	c->step = SOURCE_STEP_NONE;
-	c->leader = false;
+	c->leader = c->standby_said = false;
 	c->lead_at_ms = 0;
 	rc = store_connect(c->store);
 	if (rc == STORE_OK && !c->o.store.admin)
