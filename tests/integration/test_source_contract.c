@@ -66,6 +66,8 @@ struct under_test {
 };
 
 static atomic_int g_stopping;
+/* relay.poll_interval of the sources open_source() opens; setup() puts back POLL_MS. */
+static int64_t g_poll_ms = POLL_MS;
 
 static void open_source(struct under_test *t, const struct contract_source *kind,
                         const struct fixture *fx, const char *relay_id)
@@ -76,7 +78,7 @@ static void open_source(struct under_test *t, const struct contract_source *kind
 	t->o.store.application_name = "outbox-relay contract test";
 	t->o.store.batch_size = BATCH;
 	t->o.confirm_timeout_ms = 5000;
-	t->o.poll_interval_ms = POLL_MS;
+	t->o.poll_interval_ms = g_poll_ms;
 	t->o.stopping = &g_stopping;
 	t->o.hooks = (struct source_hooks){ .arg = &t->heard,
 		                            .marked = on_marked,
@@ -147,7 +149,7 @@ static const struct source_batch *next(struct under_test *t)
 		             source_step_text(source_step(t->src)));
 		if (b)
 			return b;
-		if (ask_at - clock_mono_ms() >= POLL_MS / 2)
+		if (ask_at - clock_mono_ms() >= t->o.poll_interval_ms / 2)
 			return NULL;
 		cr_assert_lt(clock_mono_ms(), end, "%s: still asked to come back soon after %d ms",
 		             t->kind->name, WAIT_MS);
@@ -190,6 +192,7 @@ static void setup(void)
 	struct fixture_options o = { .no_consumer = true };
 
 	atomic_store(&g_stopping, 0);
+	g_poll_ms = POLL_MS;
 	fixture_setup(&g_fx, "src", &o);
 }
 
@@ -383,10 +386,11 @@ Test(source_contract, a_batch_fetched_ahead_goes_out_next_or_back_when_paused)
 		ids(b, first, sizeof(first));
 		cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
 		settle_all(&t, b, SOURCE_PUBLISHED);
-		/* The third batch is fetched ahead; the broker goes away. */
+		/* The third batch is fetched ahead; the broker goes away. The cursor fetches
+		 * nothing ahead (source_prefetch() is optional): it has nothing to hand back. */
 		cr_assert_eq(source_pause(t.src), 0, "%s", source_errmsg(t.src));
-		cr_assert_eq(t.heard.released, BATCH, "%s: %zu handed back", SOURCES[k].name,
-		             t.heard.released);
+		cr_assert_eq(t.heard.released, is_cursor(&SOURCES[k]) ? 0 : BATCH,
+		             "%s: %zu handed back", SOURCES[k].name, t.heard.released);
 		b = next(&t);
 		cr_assert_not_null(b, "%s: the handed back batch never came again",
 		                   SOURCES[k].name);
@@ -589,6 +593,8 @@ Test(source_contract, cursor_a_delayed_row_waits_alone)
 	char got[128];
 
 	fresh();
+	/* Exceptions that come due are looked for once a poll interval at least. */
+	g_poll_ms = 500;
 	insert_one("later", NULL, "now() + interval '3 seconds'");
 	insert_one("now-1", NULL, "now()");
 	insert_one("now-2", NULL, "now()");
@@ -629,6 +635,7 @@ Test(source_contract, cursor_a_key_waits_behind_its_failed_row)
 	char got[128];
 
 	fresh();
+	g_poll_ms = 500; /* as above */
 	insert_one("k-0", "key-1", "now()");
 	insert_one("other", NULL, "now()");
 	insert_one("k-1", "key-1", "now()");
