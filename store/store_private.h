@@ -131,6 +131,7 @@ struct store {
 
 	bool prepared;          /* the relay statements exist on this connection */
 	bool position_prepared; /* ... and the cursor source's (store/source/position.c) */
+	int64_t move_from;      /* the position the move on the wire starts from */
 	enum store_inflight inflight;
 	int64_t inflight_sent_ms; /* CLOCK_MONOTONIC send time of the request in flight */
 	bool no_answer;           /* the server did not answer within the answer timeout */
