@@ -761,6 +761,7 @@ struct cursor *cursor_new(const struct source_options *opts)
 		return NULL;
 	c->base.kind = SOURCE_CURSOR;
 	c->o = *opts;
+	c->o.store.cursor = true; /* the lease source refuses a table it runs; the cursor not */
 	c->pause_ms = 1;
 	store_batch_init(&c->reads[0].rows);
 	store_batch_init(&c->reads[1].rows);

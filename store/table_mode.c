@@ -1,7 +1,7 @@
 /* The cursor source's position as the rest of the store reads it: whether the cursor source
  * runs the table (a row in <table>_position, stream 'main'), and where it is. The lease source
  * refuses such a table, and the operator commands read it with the cursor's definitions
- * (docs/design.md, "The cursor source"). */
+ * (docs/design.md, "Row sources: lease and cursor"). */
 #include <stdio.h>
 #include <string.h>
 
