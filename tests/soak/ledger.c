@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <libpq-fe.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -32,8 +33,8 @@ const char *const soak_fault_names[SOAK_N_FAULTS] = {
 };
 
 const char *const soak_check_names[SOAK_N_CHECKS] = {
-	"lost",    "order", "duplicate",    "pending_age", "poison",  "good_row_dead",
-	"phantom", "rss",   "sigterm_exit", "relay_died",  "harness",
+	"lost",    "order", "duplicate",    "pending_age", "poison",          "good_row_dead",
+	"phantom", "rss",   "sigterm_exit", "relay_died",  "cursor_position", "harness",
 };
 
 /* Expected last_error pieces, as the fault tests assert them. */
@@ -156,7 +157,7 @@ static size_t committed_total, committed_keyed, delivered_unique, deliveries_tot
 static size_t duplicates_total, poison_delivered;
 static size_t dup_by_kind[SOAK_N_FAULTS];
 static size_t lost_final, stuck_final;
-static int64_t st_pending = -1, st_leased = -1, st_dead = -1;
+static int64_t st_pending = -1, st_leased = -1, st_dead = -1, st_position = -1;
 static double st_oldest;
 
 static struct soak_row *row_at(int p, uint64_t n)
@@ -474,8 +475,9 @@ static void checker_pass(bool final)
 static void status_line(void)
 {
 	size_t c, u, d, dups, poisons;
-	int64_t pend, leased, dead;
+	int64_t pend, leased, dead, position;
 	double oldest;
+	char pos[48] = "";
 	int64_t now = soak_ms();
 	double secs = (double)(now - chk.last_status_ms) / 1000.0;
 
@@ -489,13 +491,16 @@ static void status_line(void)
 	leased = st_leased;
 	dead = st_dead;
 	oldest = st_oldest;
+	position = st_position;
 	pthread_mutex_unlock(&mu);
+	if (soak_cursor())
+		snprintf(pos, sizeof(pos), " position=%" PRId64, position);
 	soak_say("status committed=%zu (%.0f/s) delivered=%zu (%.0f/s) in_flight=%zu "
 	         "deliveries=%zu duplicates=%zu poison=%zu pending=%" PRId64 " leased=%" PRId64
-	         " dead=%" PRId64 " oldest_pending=%.1fs failed_checks=%zu",
+	         " dead=%" PRId64 "%s oldest_pending=%.1fs failed_checks=%zu",
 	         c, secs > 0 ? (double)(c - chk.last_committed) / secs : 0.0, u,
 	         secs > 0 ? (double)(u - chk.last_delivered) / secs : 0.0, c > u ? c - u : 0, d,
-	         dups, poisons, pend, leased, dead, oldest, soak_failures_total());
+	         dups, poisons, pend, leased, dead, pos, oldest, soak_failures_total());
 	chk.last_status_ms = now;
 	chk.last_committed = c;
 	chk.last_delivered = u;
@@ -534,13 +539,15 @@ void soak_checker_stop(void)
 	pthread_join(chk.thread, NULL);
 }
 
-void soak_status_pending(int64_t pending, int64_t leased, int64_t dead, double oldest_s)
+void soak_status_pending(int64_t pending, int64_t leased, int64_t dead, double oldest_s,
+                         int64_t position)
 {
 	pthread_mutex_lock(&mu);
 	st_pending = pending;
 	st_leased = leased;
 	st_dead = dead;
 	st_oldest = oldest_s;
+	st_position = position;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -683,12 +690,12 @@ static void final_order(PGconn *pg, const char *table)
  * the drain ended: a liveness failure, not a loss). */
 static void final_undelivered(PGconn *pg, const char *table)
 {
-	char sql[512], id[32];
+	char sql[1024], id[32];
 	PGresult *res;
 	int n;
 
-	snprintf(sql, sizeof(sql),
-	         "SELECT id FROM %s WHERE published_at IS NULL AND id NOT LIKE 'poison-%%'", table);
+	snprintf(sql, sizeof(sql), "SELECT id FROM %s WHERE %s AND id NOT LIKE 'poison-%%'", table,
+	         soak_unpublished());
 	if ((res = query(pg, sql)) == NULL)
 		return;
 	n = PQntuples(res);
@@ -729,16 +736,16 @@ static void final_undelivered(PGconn *pg, const char *table)
 
 static void final_rows(PGconn *pg, const char *table)
 {
-	char sql[768];
+	char sql[2048];
 	PGresult *res;
 	long long in_table, unpublished, dead, charged;
 	size_t committed;
 
 	snprintf(sql, sizeof(sql),
-	         "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL),"
-	         " count(*) FILTER (WHERE published_at IS NULL AND attempts >= %d),"
+	         "SELECT count(*), count(*) FILTER (WHERE %s),"
+	         " count(*) FILTER (WHERE %s AND attempts >= %d),"
 	         " count(*) FILTER (WHERE attempts > 0) FROM %s WHERE id NOT LIKE 'poison-%%'",
-	         SOAK_MAX_ATTEMPTS, table);
+	         soak_unpublished(), soak_unpublished(), SOAK_MAX_ATTEMPTS, table);
 	if ((res = query(pg, sql)) == NULL)
 		return;
 	in_table = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
@@ -759,17 +766,20 @@ static void final_rows(PGconn *pg, const char *table)
 	         in_table, unpublished, dead, charged);
 }
 
+/* Poison rows end dead: unpublished, max_attempts charged, last_error saying why; with the
+ * cursor each one is also set aside (deferred), which is where its exception path and the
+ * operator tools find it. */
 static void final_poison(PGconn *pg, const char *table)
 {
-	char sql[512];
+	char sql[1024];
 	PGresult *res;
 	int n;
 	size_t ok = 0;
 
 	snprintf(sql, sizeof(sql),
-	         "SELECT id, attempts, published_at IS NOT NULL, coalesce(last_error, '')"
+	         "SELECT id, attempts, %s, coalesce(last_error, ''), %s"
 	         " FROM %s WHERE id LIKE 'poison-%%'",
-	         table);
+	         soak_published(), soak_cursor() ? "deferred_at IS NOT NULL" : "true", table);
 	if ((res = query(pg, sql)) == NULL)
 		return;
 	n = PQntuples(res);
@@ -781,20 +791,21 @@ static void final_poison(PGconn *pg, const char *table)
 		long attempts = strtol(PQgetvalue(res, i, 1), NULL, 10);
 		bool published = PQgetvalue(res, i, 2)[0] == 't';
 		const char *err = PQgetvalue(res, i, 3);
+		bool deferred = PQgetvalue(res, i, 4)[0] == 't';
 		const struct poison_rec *p = poison_of(id);
 
 		if (p == NULL) {
 			soak_fail(CHECK_POISON, "%s: not a poison row the soak inserted", id);
 			continue;
 		}
-		if (published || attempts < SOAK_MAX_ATTEMPTS ||
+		if (published || !deferred || attempts < SOAK_MAX_ATTEMPTS ||
 		    strstr(err, soak_poison_defs[p->kind].error) == NULL) {
-			soak_fail(
-			        CHECK_POISON,
-			        "%s (%s): published=%d attempts=%ld last_error '%.200s', want dead "
-			        "with '%s'",
-			        id, soak_poison_defs[p->kind].name, published, attempts, err,
-			        soak_poison_defs[p->kind].error);
+			soak_fail(CHECK_POISON,
+			          "%s (%s): published=%d%s attempts=%ld last_error '%.200s', want "
+			          "dead with '%s'",
+			          id, soak_poison_defs[p->kind].name, published,
+			          soak_cursor() ? (deferred ? " deferred=1" : " deferred=0") : "",
+			          attempts, err, soak_poison_defs[p->kind].error);
 			continue;
 		}
 		ok++;
@@ -802,6 +813,92 @@ static void final_poison(PGconn *pg, const char *table)
 	pthread_mutex_unlock(&mu);
 	PQclear(res);
 	soak_say("final: %zu of %d poison rows dead with the expected error", ok, n);
+}
+
+/* The cursor's end, every relay stopped: its position covers every row of the table (each
+ * committed row was dealt with, and the leader wrote how far it got before it stopped), so
+ * the rows it set aside (deferred) are the only ones left unpublished. */
+static void final_position(PGconn *pg, const char *table)
+{
+	char sql[1024];
+	PGresult *res;
+	long long pos, max_seq, above, deferred, unpublished;
+
+	snprintf(sql, sizeof(sql),
+	         "SELECT coalesce((SELECT position FROM %s_position WHERE stream = 'main'), -1),"
+	         " coalesce(max(seq), 0),"
+	         " count(*) FILTER (WHERE seq > coalesce((SELECT position FROM %s_position"
+	         " WHERE stream = 'main'), 0)),"
+	         " count(*) FILTER (WHERE deferred_at IS NOT NULL AND published_at IS NULL),"
+	         " count(*) FILTER (WHERE %s) FROM %s",
+	         table, table, soak_unpublished(), table);
+	if ((res = query(pg, sql)) == NULL)
+		return;
+	pos = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+	max_seq = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+	above = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+	deferred = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+	unpublished = strtoll(PQgetvalue(res, 0, 4), NULL, 10);
+	PQclear(res);
+	if (pos < 0)
+		soak_fail(CHECK_POSITION, "no position row: the cursor never led %s", table);
+	else if (above > 0 || pos < max_seq)
+		soak_fail(
+		        CHECK_POSITION,
+		        "the position is %lld, the table's last seq %lld: %lld rows above it, not "
+		        "dealt with after every relay stopped (unpublished %lld, of which deferred "
+		        "%lld)",
+		        pos, max_seq, above, unpublished, deferred);
+	else if (unpublished != deferred)
+		soak_fail(CHECK_POSITION,
+		          "%lld rows unpublished, %lld of them deferred: the others should be "
+		          "none",
+		          unpublished, deferred);
+	soak_say("final: cursor position %lld, last seq %lld, rows above it %lld, unpublished %lld "
+	         "(deferred %lld)",
+	         pos, max_seq, above, unpublished, deferred);
+}
+
+void soak_final_dead_list(const char *text)
+{
+	json_error_t jerr;
+	json_t *list = json_loads(text, 0, &jerr), *it;
+	bool *seen;
+	size_t i, listed = 0, ok = 0;
+
+	if (!json_is_array(list)) {
+		soak_fail(CHECK_HARNESS, "outbox-relay dead --json: not a JSON array (%s): %.200s",
+		          jerr.text, text);
+		json_decref(list);
+		return;
+	}
+	pthread_mutex_lock(&mu);
+	if ((seen = calloc(n_poison + 1, sizeof(*seen))) == NULL)
+		abort();
+	json_array_foreach(list, i, it)
+	{
+		const char *id = json_string_value(json_object_get(it, "id"));
+		const struct poison_rec *p = id ? poison_of(id) : NULL;
+
+		listed++;
+		if (p == NULL) {
+			soak_fail(CHECK_POISON, "outbox-relay dead lists %s, not a poison row",
+			          id ? id : "(no id)");
+			continue;
+		}
+		if (seen[p - poison])
+			soak_fail(CHECK_POISON, "outbox-relay dead lists %s twice", id);
+		seen[p - poison] = true;
+		ok++;
+	}
+	for (i = 0; i < n_poison; i++)
+		if (!seen[i])
+			soak_fail(CHECK_POISON, "poison row %s (%s) is not in outbox-relay dead",
+			          poison[i].id, soak_poison_defs[poison[i].kind].name);
+	pthread_mutex_unlock(&mu);
+	free(seen);
+	json_decref(list);
+	soak_say("final: outbox-relay dead lists %zu rows, %zu of them poison rows", listed, ok);
 }
 
 void soak_final_table_check(void *pgp, const char *table)
@@ -812,4 +909,6 @@ void soak_final_table_check(void *pgp, const char *table)
 	final_rows(pg, table);
 	final_order(pg, table);
 	final_poison(pg, table);
+	if (soak_cursor())
+		final_position(pg, table);
 }

@@ -153,24 +153,33 @@ static PGconn *connect_quiet(void)
 /* One sample of the table; false when the database did not answer (restarting). */
 static bool sample_pending(PGconn *c)
 {
-	char sql[1024];
+	char sql[2048], pos[256];
 	PGresult *res;
-	int64_t pending, leased, dead, good_dead;
+	int64_t pending, leased, dead, good_dead, position;
 	double oldest;
 	bool active;
 	int64_t last_end, now;
 
-	/* Unpublished rows only: the partial index over them serves this on any table size. */
+	/* The cursor's position, for the status line. */
+	if (soak_cursor())
+		snprintf(pos, sizeof(pos),
+		         "(SELECT position FROM %s_position WHERE stream = 'main')", table_name);
+	else
+		snprintf(pos, sizeof(pos), "NULL::bigint");
+	/* Unpublished rows only, as the source under test records them: with the lease source
+	 * the partial index over them serves this on any table size; the cursor's rows are
+	 * read whole (one sequential scan of the soak's table every 5 s). */
 	snprintf(sql, sizeof(sql),
 	         "SELECT count(*) FILTER (WHERE attempts < %d),"
 	         " count(*) FILTER (WHERE attempts < %d AND locked_until >= now()),"
 	         " count(*) FILTER (WHERE attempts >= %d),"
 	         " count(*) FILTER (WHERE attempts >= %d AND id NOT LIKE 'poison-%%'),"
 	         " coalesce(extract(epoch FROM now() - min(created_at)"
-	         "   FILTER (WHERE id NOT LIKE 'poison-%%')), 0)"
-	         " FROM %s WHERE published_at IS NULL",
-	         SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS,
-	         table_name);
+	         "   FILTER (WHERE id NOT LIKE 'poison-%%')), 0),"
+	         " coalesce(%s, -1)"
+	         " FROM %s WHERE %s",
+	         SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS, SOAK_MAX_ATTEMPTS, pos,
+	         table_name, soak_unpublished());
 	res = PQexec(c, sql);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		PQclear(res);
@@ -181,8 +190,9 @@ static bool sample_pending(PGconn *c)
 	dead = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
 	good_dead = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
 	oldest = strtod(PQgetvalue(res, 0, 4), NULL);
+	position = strtoll(PQgetvalue(res, 0, 5), NULL, 10);
 	PQclear(res);
-	soak_status_pending(pending, leased, dead, oldest);
+	soak_status_pending(pending, leased, dead, oldest, position);
 	if (good_dead > 0)
 		soak_fail(CHECK_GOOD_DEAD, "%" PRId64 " good rows are dead", good_dead);
 	soak_fault_state(&active, &last_end);

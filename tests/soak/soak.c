@@ -188,6 +188,33 @@ int soak_parse_args(int argc, char **argv, struct soak_options *o, char *err, si
 	return 0;
 }
 
+/* ---- the row source under test ---- */
+
+static bool source_cursor;
+static char source_unpublished[600], source_published[600];
+
+void soak_source_init(const char *table)
+{
+	source_cursor = harness_source_is_cursor();
+	snprintf(source_unpublished, sizeof(source_unpublished), "%s", harness_unpublished(table));
+	snprintf(source_published, sizeof(source_published), "%s", harness_published(table));
+}
+
+bool soak_cursor(void)
+{
+	return source_cursor;
+}
+
+const char *soak_unpublished(void)
+{
+	return source_unpublished;
+}
+
+const char *soak_published(void)
+{
+	return source_published;
+}
+
 /* ---- the run ---- */
 
 struct slot {
@@ -428,8 +455,8 @@ static int64_t poison_dead(struct soak *s, int round)
 {
 	return harness_pg_int(main_pg(s),
 	                      "SELECT count(*) FROM %s WHERE id LIKE 'poison-%04d-%%'"
-	                      " AND published_at IS NULL AND attempts >= %d",
-	                      s->fx.table, round, SOAK_MAX_ATTEMPTS);
+	                      " AND %s AND attempts >= %d",
+	                      s->fx.table, round, soak_unpublished(), SOAK_MAX_ATTEMPTS);
 }
 
 static void inject(struct soak *s, enum soak_fault kind)
@@ -636,6 +663,21 @@ static void settle_deliveries(struct consumer *c)
 	}
 }
 
+/* The dead rows where the operator finds them: `outbox-relay dead`, run as the relays run
+ * (max attempts 5), lists the poison rows and no other. */
+static void final_dead_list(struct soak *s)
+{
+	static const char *const env[] = { "OUTBOX_RELAY_MAX_ATTEMPTS=5", NULL };
+	struct harness_output o;
+
+	harness_cli(&o, s->fx.table, env, "dead", "--json", "--limit", "100000", NULL);
+	if (o.status != 0)
+		soak_fail(CHECK_HARNESS, "outbox-relay dead exited %d: %.300s", o.status, o.err);
+	else
+		soak_final_dead_list(o.out);
+	harness_output_free(&o);
+}
+
 static void print_summary(struct soak *s, int64_t fault_phase_ms)
 {
 	struct soak_totals t;
@@ -648,9 +690,9 @@ static void print_summary(struct soak *s, int64_t fault_phase_ms)
 	worst = soak_recovery(worst_by_kind, &worst_ms);
 	soak_pending_max(&pend_all, &pend_clear);
 	printf("\n==== outbox-soak summary: seed=%" PRIu64 " duration=%.0fs (faults) relays=%d "
-	       "producers=%d rate=%d/s keys=%d ====\n",
+	       "producers=%d rate=%d/s keys=%d source=%s ====\n",
 	       s->o.seed, (double)fault_phase_ms / 1000.0, s->o.relays, s->o.producers, s->o.rate,
-	       s->o.keys);
+	       s->o.keys, soak_cursor() ? "cursor" : "lease");
 	printf("%-14s %7s %12s %12s\n", "fault", "count", "worst_rec_s", "dups_after");
 	for (int k = 0; k < SOAK_N_FAULTS; k++) {
 		size_t n = soak_fault_count((enum soak_fault)k);
@@ -731,8 +773,9 @@ static void run(const struct soak_options *o)
 		setenv("ASAN_OPTIONS", opts, 1);
 	}
 	fixture_setup(&s.fx, "soak", &(struct fixture_options){ .binding = "soak.#" });
-	soak_say("table %s, exchange %s, queue %s; relay logs in ./relay-logs", s.fx.table,
-	         s.fx.exchange, s.fx.queue);
+	soak_source_init(s.fx.table);
+	soak_say("table %s, exchange %s, queue %s, relay.source %s; relay logs in ./relay-logs",
+	         s.fx.table, s.fx.exchange, s.fx.queue, harness_source());
 	for (int i = 0; i < o->relays; i++) {
 		s.slots[i].mq = proxy_start(harness_amqp_port());
 		s.slots[i].db = proxy_start(
@@ -769,6 +812,7 @@ static void run(const struct soak_options *o)
 	soak_checker_stop();
 	soak_samplers_stop();
 	soak_final_table_check(main_pg(&s), s.fx.table);
+	final_dead_list(&s);
 	print_summary(&s, fault_ms);
 	for (int i = 0; i < o->relays; i++) {
 		proxy_stop(s.slots[i].mq);

@@ -70,6 +70,19 @@ void soak_clock_start(void);
 /* One line on stdout with the soak's clock in front. Thread-safe. */
 void soak_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* ---- the row source under test ----
+ * RELAY_TEST_SOURCE (lease, the default, or cursor): the harness starts every relay and
+ * command with it (tests/support/harness.h), and ctest runs the soak under each. The lease
+ * source marks every row it publishes (published_at); the cursor publishes the rows its
+ * position covers without writing them and marks only the rows it set aside (deferred_at).
+ * soak_source_init() reads it and the SQL conditions on a row of the soak's table, published
+ * and unpublished (pending or dead) as the source under test records them, on the main thread
+ * before any other thread starts; read-only afterwards, so every thread may use them. */
+void soak_source_init(const char *table);
+bool soak_cursor(void);
+const char *soak_unpublished(void);
+const char *soak_published(void);
+
 /* ---- the ledger ---- */
 
 /* One good row, as its producer knows it. */
@@ -118,6 +131,7 @@ enum soak_check {
 	CHECK_RSS,
 	CHECK_SHUTDOWN,
 	CHECK_RELAY_DIED,
+	CHECK_POSITION,
 	CHECK_HARNESS,
 	SOAK_N_CHECKS
 };
@@ -175,9 +189,14 @@ int soak_recovery(int64_t worst_by_kind[SOAK_N_FAULTS], int64_t *worst_ms);
  * dead with their error and never delivered. pg is the soak's own connection. */
 struct pg_conn;
 void soak_final_table_check(void *pg, const char *table);
+/* The dead rows as the operator tools list them (`outbox-relay dead --json`, its standard
+ * output in json): exactly the poison rows. */
+void soak_final_dead_list(const char *json);
 
-/* Status fields the samplers publish for the status line. */
-void soak_status_pending(int64_t pending, int64_t leased, int64_t dead, double oldest_s);
+/* Status fields the samplers publish for the status line; position is the cursor's (-1 with
+ * the lease source, or while no position row exists). */
+void soak_status_pending(int64_t pending, int64_t leased, int64_t dead, double oldest_s,
+                         int64_t position);
 
 /* ---- samplers ---- */
 
