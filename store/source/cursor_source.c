@@ -134,11 +134,13 @@ static void drop_owed(struct cursor *c)
 static void moved(struct cursor *c)
 {
 	c->pos = c->moving_to;
-	for (size_t i = 0; i < c->moving_passes; i++)
-		free((char *)c->passes[i].error);
-	memmove(c->passes, c->passes + c->moving_passes,
-	        (c->n_passes - c->moving_passes) * sizeof(*c->passes));
-	c->n_passes -= c->moving_passes;
+	if (c->moving_passes) {
+		for (size_t i = 0; i < c->moving_passes; i++)
+			free((char *)c->passes[i].error);
+		memmove(c->passes, c->passes + c->moving_passes,
+		        (c->n_passes - c->moving_passes) * sizeof(*c->passes));
+		c->n_passes -= c->moving_passes;
+	}
 	if (c->moving_passes)
 		c->lane_due_ms = 0; /* what was passed may be due already */
 	c->n_unrecorded -= c->moving_rows;
