@@ -417,6 +417,10 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 		*ask_at_ms = now;
 		return 0;
 	}
+	if (store_watermark_safe(c->store) > c->read_fence) {
+		*ask_at_ms = now; /* the last read's sample settled rows it could not read yet */
+		return 0;
+	}
 	if (store_watermark_seen(c->store) > c->read_fence) {
 		/* Rows may be committed above the fence: read again once the watermark moves. */
 		*ask_at_ms = now + c->pause_ms;
