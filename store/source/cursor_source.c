@@ -134,11 +134,13 @@ static void drop_owed(struct cursor *c)
 static void moved(struct cursor *c)
 {
 	c->pos = c->moving_to;
-	for (size_t i = 0; i < c->moving_passes; i++)
-		free((char *)c->passes[i].error);
-	memmove(c->passes, c->passes + c->moving_passes,
-	        (c->n_passes - c->moving_passes) * sizeof(*c->passes));
-	c->n_passes -= c->moving_passes;
+	if (c->moving_passes) {
+		for (size_t i = 0; i < c->moving_passes; i++)
+			free((char *)c->passes[i].error);
+		memmove(c->passes, c->passes + c->moving_passes,
+		        (c->n_passes - c->moving_passes) * sizeof(*c->passes));
+		c->n_passes -= c->moving_passes;
+	}
 	if (c->moving_passes)
 		c->lane_due_ms = 0; /* what was passed may be due already */
 	c->n_unrecorded -= c->moving_rows;
@@ -413,6 +415,10 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 
 	if (c->read_full || c->n_passes) {
 		*ask_at_ms = now;
+		return 0;
+	}
+	if (store_watermark_safe(c->store) > c->read_fence) {
+		*ask_at_ms = now; /* the last read's sample settled rows it could not read yet */
 		return 0;
 	}
 	if (store_watermark_seen(c->store) > c->read_fence) {
