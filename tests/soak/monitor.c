@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tests/support/harness.h"
 
@@ -17,7 +18,9 @@
 #define PENDING_EVERY_MS 5000
 /* RSS check: lives shorter than this are not judged, the first RSS_WARMUP_MS of a life are
  * left out (connections, first batches, allocator pools), the median of the last third of
- * what remains may exceed the median of the first third by RSS_GROW_PCT % + RSS_GROW_KB. */
+ * what remains may exceed the median of the first third by RSS_GROW_PCT % + RSS_GROW_KB.
+ * With the cursor source a relay publishes only once it leads the table (a standby waits,
+ * with a smaller working set): its warm-up begins when it first took the lead. */
 #define RSS_MIN_LIFE_MS 60000
 #define RSS_WARMUP_MS   20000
 #define RSS_GROW_PCT    20
@@ -31,6 +34,7 @@ struct life {
 	pid_t pid;
 	char log_path[512];
 	int64_t start_ms, end_ms; /* end -1 while it runs */
+	int64_t start_wall_ms;    /* start_ms as CLOCK_REALTIME, to place the log's times */
 	long *rss_kb;
 	int64_t *at_ms;
 	size_t n, cap;
@@ -47,6 +51,7 @@ static double max_oldest, max_oldest_clear;
 
 int soak_life_begin(int slot, pid_t pid, const char *log_path)
 {
+	struct timespec ts;
 	int n;
 
 	pthread_mutex_lock(&mu);
@@ -57,6 +62,8 @@ int soak_life_begin(int slot, pid_t pid, const char *log_path)
 	lives[n].pid = pid;
 	snprintf(lives[n].log_path, sizeof(lives[n].log_path), "%s", log_path);
 	lives[n].start_ms = soak_ms();
+	clock_gettime(CLOCK_REALTIME, &ts);
+	lives[n].start_wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	lives[n].end_ms = -1;
 	pthread_mutex_unlock(&mu);
 	return n;
@@ -276,6 +283,32 @@ static long big_rows_read_kb(const char *log_path)
 	return kb;
 }
 
+/* When the life first took the table's lead (the cursor source's "leading the table" line),
+ * on the soak clock; -1 when its log has no such line (the lease source, or a standby). */
+static int64_t first_lead_ms(const struct life *l)
+{
+	FILE *f = fopen(l->log_path, "r");
+	char line[2048];
+	int64_t at = -1;
+
+	if (f == NULL)
+		return -1;
+	while (at < 0 && fgets(line, sizeof(line), f)) {
+		struct tm tm = { 0 };
+		int ms;
+
+		if (strstr(line, "msg=\"leading the table\"") == NULL ||
+		    sscanf(line, "ts=%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+		           &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+			continue;
+		tm.tm_year -= 1900;
+		tm.tm_mon -= 1;
+		at = l->start_ms + ((int64_t)timegm(&tm) * 1000 + ms - l->start_wall_ms);
+	}
+	fclose(f);
+	return at;
+}
+
 static int cmp_long(const void *a, const void *b)
 {
 	long x = *(const long *)a, y = *(const long *)b;
@@ -303,26 +336,33 @@ void soak_rss_report(const char *csv_path)
 
 	printf("\nRSS per relay process life (kB; judged when it lived >= %d s: median of the last "
 	       "third vs the first third after a %d s warm-up, bound +%d %% + %d kB, + %d x the "
-	       "big poison rows the relay's log says it made dead + 1 MiB)\n",
+	       "big poison rows the relay's log says it made dead + 1 MiB; led_s: when it first "
+	       "led the table, the cursor's, where its warm-up begins)\n",
 	       RSS_MIN_LIFE_MS / 1000, RSS_WARMUP_MS / 1000, RSS_GROW_PCT, RSS_GROW_KB,
 	       BIG_ROW_FACTOR);
-	printf("  %-5s %-4s %-8s %-9s %-9s %-9s %-9s %-9s %s\n", "life", "slot", "pid", "lived_s",
-	       "first", "last", "med_1/3", "med_3/3", "verdict");
+	printf("  %-5s %-4s %-8s %-9s %-7s %-9s %-9s %-9s %-9s %s\n", "life", "slot", "pid",
+	       "lived_s", "led_s", "first", "last", "med_1/3", "med_3/3", "verdict");
 	pthread_mutex_lock(&mu);
 	for (size_t i = 0; i < n_lives; i++) {
 		struct life *l = &lives[i];
 		int64_t end = l->end_ms >= 0 ? l->end_ms : soak_ms();
-		int64_t lived = end - l->start_ms;
+		int64_t lived = end - l->start_ms, warm = l->start_ms, lead = first_lead_ms(l);
 		size_t from = 0, third;
 		long m1 = 0, m3 = 0;
 		const char *verdict = "short";
+		char led[16] = "-";
 
+		if (lead >= 0)
+			snprintf(led, sizeof(led), "%.0f", (double)lead / 1000.0);
 		if (l->n == 0) {
-			printf("  %-5zu %-4d %-8ld %-9.0f %-9s %-9s %-9s %-9s no samples\n", i,
-			       l->slot, (long)l->pid, (double)lived / 1000.0, "-", "-", "-", "-");
+			printf("  %-5zu %-4d %-8ld %-9.0f %-7s %-9s %-9s %-9s %-9s no samples\n", i,
+			       l->slot, (long)l->pid, (double)lived / 1000.0, led, "-", "-", "-",
+			       "-");
 			continue;
 		}
-		while (from < l->n && l->at_ms[from] - l->start_ms < RSS_WARMUP_MS)
+		if (lead > warm)
+			warm = lead;
+		while (from < l->n && l->at_ms[from] - warm < RSS_WARMUP_MS)
 			from++;
 		third = (l->n - from) / 3;
 		if (lived >= RSS_MIN_LIFE_MS && third >= 2) {
@@ -347,8 +387,8 @@ void soak_rss_report(const char *csv_path)
 		}
 		/* "first" is the first sample after the warm-up: before it the process may still
 		 * be starting (even be the harness's fork before exec). */
-		printf("  %-5zu %-4d %-8ld %-9.0f %-9ld %-9ld %-9ld %-9ld %s\n", i, l->slot,
-		       (long)l->pid, (double)lived / 1000.0, l->rss_kb[from < l->n ? from : 0],
+		printf("  %-5zu %-4d %-8ld %-9.0f %-7s %-9ld %-9ld %-9ld %-9ld %s\n", i, l->slot,
+		       (long)l->pid, (double)lived / 1000.0, led, l->rss_kb[from < l->n ? from : 0],
 		       l->rss_kb[l->n - 1], m1, m3, verdict);
 	}
 	if (csv) {
