@@ -627,7 +627,9 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 	/* A keyed row passed: the read fetched ahead did not know its key waits behind it. */
 	if (c->batch_keyed)
 		c->ahead = AHEAD_NONE;
-	return send_move(c); /* answered while the next batch goes out */
+	/* A move that only records published rows is answered while the next batch goes out;
+	 * one that writes exceptions is waited for, so that what settle says is in the table. */
+	return c->n_passes ? flush(c) : send_move(c);
 }
 
 /* Hands back the read fetched ahead (nothing to write: its rows are above the position). */
