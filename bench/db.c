@@ -59,7 +59,9 @@ int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *tab
 	char sql[256];
 
 	snprintf(sql, sizeof(sql),
-	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup; "
+	         "DROP TABLE IF EXISTS %s_position",
+	         table, table, table);
 	if (db_exec(b, c, what, sql) != 0)
 		return -1;
 	return proc_migrate(b, what, table);
@@ -137,7 +139,9 @@ void db_table_drop(PGconn *c, const char *table)
 	if (!c)
 		return;
 	snprintf(sql, sizeof(sql),
-	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup; "
+	         "DROP TABLE IF EXISTS %s_position",
+	         table, table, table);
 	/* Nothing to do on an error: the measurement is over, and the next run of the same
 	 * name drops the table first anyway. */
 	if (pgsql_exec(c, sql, NULL, 0) != 0)

@@ -30,6 +30,23 @@ static void on_delivery(const struct consumer_delivery *dv, void *arg)
 		t->slice_us[n / t->slice - 1] = dv->mono_us;
 }
 
+/* The count of the rows not yet dealt with. The lease source marks each row it published;
+ * the cursor source marks none: every row at or below its position is dealt with, published
+ * or deferred (and a deferred row is unpublished until marked). Before the cursor has
+ * written its position, every row counts. */
+static void unpublished_sql(const struct bench *b, const char *table, char *sql, size_t len)
+{
+	if (b->source == BENCH_CURSOR)
+		snprintf(
+		        sql, len,
+		        "SELECT count(*) FROM %s WHERE published_at IS NULL AND (deferred_at IS "
+		        "NOT NULL OR seq > coalesce((SELECT position FROM %s_position WHERE stream "
+		        "= 'main'), 0))",
+		        table, table);
+	else
+		snprintf(sql, len, "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+}
+
 int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
               struct drain *d)
 {
@@ -39,7 +56,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	struct drain_times t = { 0 };
 	struct cpu_sample ca, cz;
 	struct wal_point fa, fz, wa, wz;
-	char sql[256], slot[64] = "";
+	char sql[512], slot[64] = "";
 	int64_t t0, deadline, last_print;
 	long long left = -1;
 	int rc = -1;
@@ -61,7 +78,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	t.slice = slices ? n / 10 : 0;
 	if (mq_consume(b, what, table, on_delivery, &t, &k) != 0)
 		goto out;
-	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+	unpublished_sql(b, table, sql, sizeof(sql));
 	/* The drain's WAL stays on disk until pg_waldump has read it, checkpoints or not. */
 	wal_hold(c, slot, sizeof(slot));
 	wal_mark_stats(c, &wa);
