@@ -28,6 +28,10 @@ BEGIN;
 -- status, dead and keys read; requeue and replay update; discard and purge delete.
 SELECT format('GRANT SELECT, UPDATE, DELETE ON TABLE %s TO %I', :'table'::regclass, :'relay')
 \gexec
+-- The cursor source (relay.source = cursor) reads and moves its position, and the first relay
+-- that leads the table inserts its row.
+SELECT format('GRANT SELECT, INSERT, UPDATE ON TABLE %s TO %I',
+              (:'table' || '_position')::regclass, :'relay') \gexec
 -- The ordering watermark reads the seq column's sequence (pg_sequence_last_value).
 SELECT format('GRANT SELECT ON SEQUENCE %s TO %I',
               pg_get_serial_sequence(:'table', 'seq')::regclass, :'relay') \gexec

@@ -55,6 +55,24 @@ static int64_t refresh_gauges(struct maintenance *m)
 	return clock_mono_ms() - t0;
 }
 
+/* With relay.retention = 0 the lease source deletes each row as it marks it; the cursor source
+ * writes nothing into a published row, so its rows behind the position are deleted here, in
+ * bulk, at most CURSOR_DELETE_INTERVAL_MS apart. */
+#define CURSOR_DELETE_INTERVAL_MS 5000
+
+static bool purges(const struct config *cfg)
+{
+	return cfg->relay_retention_ms > 0 || cfg->relay_source == CONFIG_SOURCE_CURSOR;
+}
+
+static int64_t purge_interval_ms(const struct config *cfg)
+{
+	if (cfg->relay_retention_ms == 0 &&
+	    cfg->relay_purge_interval_ms > CURSOR_DELETE_INTERVAL_MS)
+		return CURSOR_DELETE_INTERVAL_MS;
+	return cfg->relay_purge_interval_ms;
+}
+
 static void purge(struct maintenance *m)
 {
 	const struct config *cfg = m->relay->cfg;
@@ -116,10 +134,9 @@ static void *maintenance_main(void *arg)
 
 				next_gauges = clock_mono_ms() + maintenance_gauge_delay_ms(took);
 			}
-			if (source_connected(m->source) && cfg->relay_retention_ms > 0 &&
-			    now >= next_purge) {
+			if (source_connected(m->source) && purges(cfg) && now >= next_purge) {
 				purge(m);
-				next_purge = now + cfg->relay_purge_interval_ms;
+				next_purge = now + purge_interval_ms(cfg);
 			}
 		}
 		wait = next_gauges - clock_mono_ms();

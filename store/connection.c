@@ -111,6 +111,7 @@ void store_disconnect(struct store *s)
 	PQfinish(s->conn);
 	s->conn = NULL;
 	s->prepared = false;
+	s->position_prepared = false;
 	s->armed = false; /* a session lock ends with its session */
 	s->inflight = STORE_INFLIGHT_NONE;
 	s->inflight_sent_ms = 0;

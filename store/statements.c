@@ -8,18 +8,6 @@
 
 #define SQL_MAX 6144
 
-/* The watermark's sample (store/source/watermark.h): W first, then the transactions other than this
- * one holding a lock on the sequence, read after W (the lateral subquery depends on W, so it
- * runs once W is known). Two %u: the sequence's OID, then the database's OID and the sequence
- * again. */
-#define SAMPLE_HOLDERS                                                                      \
-	", LATERAL (SELECT string_agg(l.virtualtransaction, ',') AS holders, count(*) AS n" \
-	" FROM pg_locks l WHERE l.locktype = 'relation' AND l.database = %u"                \
-	" AND l.relation = %u AND l.pid IS DISTINCT FROM pg_backend_pid()"                  \
-	" AND s.w IS NOT NULL) h"
-#define SAMPLE_FROM                                                                            \
-	" FROM (SELECT COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) " \
-	"s" SAMPLE_HOLDERS
 /* The claim takes a sample when it found keyed rows (heads), for them, or when the caller asks
  * ($11: the claim floor needs the watermark to move on, a few times a second). Otherwise W is
  * NULL, and the lock list, which reads every lock of the server (pg_lock_status()), is not
@@ -33,10 +21,7 @@
 
 /* Prepares statement name from fmt (the table's name and OIDs filled in by the caller's
  * arguments). */
-static int prepare_one(struct store *s, const char *name, int nparams, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-
-static int prepare_one(struct store *s, const char *name, int nparams, const char *fmt, ...)
+int store_prepare(struct store *s, const char *name, int nparams, const char *fmt, ...)
 {
 	char sql[SQL_MAX];
 	PGresult *res = NULL;
@@ -159,7 +144,7 @@ static int prepare_full_claim(struct store *s, const char *name, bool lean, cons
 		store_set_error(s, "statement %s too long", name);
 		return STORE_ERR_FATAL;
 	}
-	return prepare_one(
+	return store_prepare(
 	        s, name, m ? 13 : 11,
 	        "WITH %s%s%s%s%s%s%s"
 	        ", u AS (UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
@@ -215,16 +200,16 @@ static int prepare_claim(struct store *s, const char *t)
 	const char *alive = s->opts.skip_dead ? " AND o.attempts < $2::int" : "";
 	int rc;
 
-	rc = prepare_one(s, ST_CLAIM, 11,
-	                 "WITH RECURSIVE " CLAIM_CTES
-	                 ", smp AS MATERIALIZED (SELECT s.w, h.holders, h.n," CLAIM_KEYS_SEEN
-	                 ", " CLAIM_KEYS_PENDING " AS keys_pending" CLAIM_SAMPLE_FROM
-	                 ", (SELECT count(*) FROM disarm) d)"
-	                 " UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
-	                 " FROM b, smp WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS
-	                 ", smp.w, smp.holders, smp.n, " CLAIM_LEASE_LEFT ", smp.above,"
-	                 " smp.key_cursor, NULL::bigint, smp.keys_pending",
-	                 t, t, t, alive, t, t, s->seq_oid, s->db_oid, s->seq_oid, t);
+	rc = store_prepare(s, ST_CLAIM, 11,
+	                   "WITH RECURSIVE " CLAIM_CTES
+	                   ", smp AS MATERIALIZED (SELECT s.w, h.holders, h.n," CLAIM_KEYS_SEEN
+	                   ", " CLAIM_KEYS_PENDING " AS keys_pending" CLAIM_SAMPLE_FROM
+	                   ", (SELECT count(*) FROM disarm) d)"
+	                   " UPDATE %s o SET locked_by = $4::text, locked_until = " CLAIM_LEASE
+	                   " FROM b, smp WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS
+	                   ", smp.w, smp.holders, smp.n, " CLAIM_LEASE_LEFT ", smp.above,"
+	                   " smp.key_cursor, NULL::bigint, smp.keys_pending",
+	                   t, t, t, alive, t, t, s->seq_oid, s->db_oid, s->seq_oid, t);
 	for (int lean = 0; lean < 2 && rc == 0; lean++) {
 		rc = prepare_full_claim(s, lean ? ST_CLAIM_LEAN : ST_CLAIM_FULL, lean, t, alive,
 		                        NULL, NULL);
@@ -250,13 +235,13 @@ int store_ensure_prepared(struct store *s)
 	if (!s->opts.admin && (rc = prepare_claim(s, t)) != 0)
 		return rc;
 	if (!s->opts.admin &&
-	    (rc = prepare_one(s, ST_SAMPLE, 0, "SELECT s.w, h.holders, h.n" SAMPLE_FROM, s->seq_oid,
-	                      s->db_oid, s->seq_oid)) != 0)
+	    (rc = store_prepare(s, ST_SAMPLE, 0, "SELECT s.w, h.holders, h.n" SAMPLE_FROM,
+	                        s->seq_oid, s->db_oid, s->seq_oid)) != 0)
 		return rc;
 
 	/* Marks are durable although the session commits asynchronously: a key's next row must
 	 * never be published while its predecessor could still come back unpublished. */
-	if ((rc = prepare_one(
+	if ((rc = store_prepare(
 	             s, ST_MARK, 2,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
 	             " UPDATE %s SET published_at = now(), locked_by = NULL, locked_until = NULL"
@@ -264,7 +249,7 @@ int store_ensure_prepared(struct store *s)
 	             " AND published_at IS NULL",
 	             t)) != 0)
 		return rc;
-	if ((rc = prepare_one(
+	if ((rc = store_prepare(
 	             s, ST_DELETE, 2,
 	             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))"
 	             " DELETE FROM %s USING durable WHERE seq = ANY($1::bigint[])"
@@ -274,7 +259,7 @@ int store_ensure_prepared(struct store *s)
 
 	/* left() counts characters, as VARCHAR(1000) does. A nack is the broker's failure, not
 	 * the row's: it backs off without counting an attempt ($7). */
-	if ((rc = prepare_one(
+	if ((rc = store_prepare(
 	             s, ST_FAIL, 7,
 	             "UPDATE %s o SET attempts = CASE WHEN u.dead THEN $5::int"
 	             " WHEN u.counted THEN o.attempts + 1 ELSE o.attempts END,"
@@ -287,10 +272,10 @@ int store_ensure_prepared(struct store *s)
 	             t)) != 0)
 		return rc;
 
-	if ((rc = prepare_one(s, ST_RELEASE, 2,
-	                      "UPDATE %s SET locked_by = NULL, locked_until = NULL"
-	                      " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
-	                      t)) != 0)
+	if ((rc = store_prepare(s, ST_RELEASE, 2,
+	                        "UPDATE %s SET locked_by = NULL, locked_until = NULL"
+	                        " WHERE id = ANY($1::text[]) AND locked_by = $2::text",
+	                        t)) != 0)
 		return rc;
 		/* Every claim of the given stems ($1, "<relay id>#<nonce>."): a token is its stem and a
 	 * counter without a '.', so cutting the token after its last '.' gives its stem exactly,
@@ -300,7 +285,7 @@ int store_ensure_prepared(struct store *s)
 	 * table). The conditions are repeated on o, so that a row claimed by someone else
 	 * meanwhile is checked again on its new version and left alone. */
 #define STEM_OF(a) "substring(" a "locked_by FROM '^(.*[.])[^.]*$')"
-	if ((rc = prepare_one(
+	if ((rc = store_prepare(
 	             s, ST_RELEASE_ALL, 1,
 	             "UPDATE %s o SET locked_by = NULL, locked_until = NULL"
 	             " FROM (SELECT seq FROM %s WHERE published_at IS NULL"
@@ -314,20 +299,21 @@ int store_ensure_prepared(struct store *s)
 	             t, t, t)) != 0)
 		return rc;
 #undef STEM_OF
-	if ((rc = prepare_one(s, ST_RENEW, 3,
-	                      "UPDATE %s SET locked_until = now() + $3::bigint * interval"
-	                      " '1 millisecond' WHERE id = ANY($1::text[]) AND locked_by = $2::text"
-	                      " AND published_at IS NULL RETURNING id,"
-	                      " (extract(epoch FROM locked_until - clock_timestamp()) * 1000)"
-	                      "::bigint",
-	                      t)) != 0)
+	if ((rc = store_prepare(
+	             s, ST_RENEW, 3,
+	             "UPDATE %s SET locked_until = now() + $3::bigint * interval"
+	             " '1 millisecond' WHERE id = ANY($1::text[]) AND locked_by = $2::text"
+	             " AND published_at IS NULL RETURNING id,"
+	             " (extract(epoch FROM locked_until - clock_timestamp()) * 1000)"
+	             "::bigint",
+	             t)) != 0)
 		return rc;
 
 	/* The wake-up lock (schema.c): a session lock, held while the relay sleeps. */
 	if (!s->opts.admin &&
-	    (rc = prepare_one(s, ST_ARM, 0,
-	                      "SELECT pg_try_advisory_lock(" STORE_WAKEUP_LOCK_CLASS ", %d)",
-	                      s->table_key)) != 0)
+	    (rc = store_prepare(s, ST_ARM, 0,
+	                        "SELECT pg_try_advisory_lock(" STORE_WAKEUP_LOCK_CLASS ", %d)",
+	                        s->table_key)) != 0)
 		return rc;
 
 	s->prepared = true;

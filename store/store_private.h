@@ -63,6 +63,9 @@ enum store_inflight {
  * trigger (tgtype AFTER INSERT FOR EACH STATEMENT) notifies only while someone holds it. */
 #define STORE_WAKEUP_LOCK_CLASS "1869968482" /* 0x6f757462, "outb" */
 #define STORE_WAKEUP_TGTYPE     "4"
+/* The cursor source's lead (store/source/position.c): a session advisory lock (this class, the
+ * table's OID as an integer), held by the one relay that publishes the table. */
+#define STORE_LEAD_LOCK_CLASS "1869968483" /* 0x6f757463, "outc" */
 
 /* Columns an outbox_row needs, in the order the claim returns them. */
 #define STORE_ROW_COLUMNS                                                        \
@@ -94,6 +97,18 @@ enum store_claim_col {
 	COL_COUNT
 };
 
+/* The watermark's sample (store/source/watermark.h): W first, then the transactions other than this
+ * one holding a lock on the sequence, read after W (the lateral subquery depends on W, so it
+ * runs once W is known). Two %u: the sequence's OID, then the database's OID and the sequence
+ * again. */
+#define SAMPLE_HOLDERS                                                                      \
+	", LATERAL (SELECT string_agg(l.virtualtransaction, ',') AS holders, count(*) AS n" \
+	" FROM pg_locks l WHERE l.locktype = 'relation' AND l.database = %u"                \
+	" AND l.relation = %u AND l.pid IS DISTINCT FROM pg_backend_pid()"                  \
+	" AND s.w IS NOT NULL) h"
+#define SAMPLE_FROM                                                                            \
+	" FROM (SELECT COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) " \
+	"s" SAMPLE_HOLDERS
 /* Reusable parameter buffers (array literals) of the handle. */
 enum store_slot {
 	STORE_SLOT_IDS = 0,
@@ -114,7 +129,8 @@ struct store {
 	int fd;
 	char server[300]; /* "host:port" of the connection in use or last tried */
 
-	bool prepared; /* the relay statements exist on this connection */
+	bool prepared;          /* the relay statements exist on this connection */
+	bool position_prepared; /* ... and the cursor source's (store/source/position.c) */
 	enum store_inflight inflight;
 	int64_t inflight_sent_ms; /* CLOCK_MONOTONIC send time of the request in flight */
 	bool no_answer;           /* the server did not answer within the answer timeout */
@@ -289,6 +305,23 @@ int store_bool_array(struct store *s, enum store_slot slot, const void *items, s
 /* The getter for a plain array of strings (const char *const *). */
 const char *store_string_at(const void *items, size_t i);
 
+/* ---- claim.c: what a claim's answer becomes, for the cursor's reads too ---- */
+/* Feeds the watermark one sample: W, and the lock holders as "3/12,5/99" (n of them). */
+void store_feed_sample(struct store *s, const char *w_text, const char *holders, int64_t n);
+/* Bytes row i of res takes in a batch's buffer (its columns in STORE_ROW_COLUMNS' order). */
+size_t store_row_bytes(const PGresult *res, int i);
+/* Room in out for nt rows and total bytes of their text; -1 on out of memory. */
+int store_batch_reserve(struct store_batch *out, int nt, size_t total);
+/* Copies row i of res into r, its text at out->buf + *used (moved on); -1 on a bad number. */
+int store_batch_copy_row(const PGresult *res, int i, struct store_batch *out, struct outbox_row *r,
+                         size_t *used);
+/* Sorts b's rows by seq (RETURNING gives them in no particular order). */
+void store_sort_rows(struct store_batch *b);
+/* A new claim token (store_token_stem() and a counter) into out[cap], for rows leased by a
+ * statement of another file (the cursor source's exceptions). */
+int store_claim_token_next(struct store *s, char *out, size_t cap)
+        __attribute__((warn_unused_result));
+
 /* ---- marks.c ---- */
 /* What a mark of seqs under token sends, prepared and checked: the seqs' array literal in
  * *ids (in STORE_SLOT_IDS). For the mark, and for the claim that carries one (claim.c). */
@@ -299,5 +332,10 @@ int store_mark_params(struct store *s, const char *token, const int64_t *seqs, s
 /* Prepares the relay's statements on this connection unless done (admin handles prepare on
  * first use only: before `migrate` the table may not exist). */
 int store_ensure_prepared(struct store *s) __attribute__((warn_unused_result));
+/* Prepares one statement (fmt formatted with its arguments) as name on this connection; a
+ * statement the table cannot take (a missing column or table) is STORE_ERR_FATAL, its error
+ * saying to run 'outbox-relay migrate'. */
+int store_prepare(struct store *s, const char *name, int nparams, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5), warn_unused_result));
 
 #endif

@@ -27,6 +27,7 @@ struct found {
 	enum state index[SCHEMA_N_INDEXES];
 	bool retired[SCHEMA_N_RETIRED]; /* a retired index is still there */
 	enum state function, trigger;
+	bool position; /* the cursor source's position table exists */
 	/* The sequence behind seq (quoted, schema-qualified; "" when none) and its CACHE. */
 	char seq[2 * STORE_NAME_MAX + 8];
 	int64_t seq_cache;
@@ -200,6 +201,9 @@ static int note_fact(struct store *s, const struct schema_names *nm, struct foun
 		if (store_parse_int64(a, &f->seq_cache) != 0)
 			f->seq_cache = 0;
 		break;
+	case 'p':
+		f->position = true;
+		break;
 	case 'g':
 		f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT : DIFFERENT;
 		break;
@@ -212,7 +216,7 @@ static int note_fact(struct store *s, const struct schema_names *nm, struct foun
 /* The table's objects in schema f->schema, read in one statement: one row per fact, t = the
  * table and its storage parameters, c = a column, i = an index, f = the wake-up function,
  * s = the sequence behind seq, g = the trigger (is its function ours, is it this version's
- * statement trigger with its WHEN). */
+ * statement trigger with its WHEN), p = the position table. */
 static int read_objects(struct store *s, const struct schema_names *nm, struct found *f)
 {
 	const char *pb[2] = { f->schema, nm->lbase };
@@ -250,7 +254,10 @@ static int read_objects(struct store *s, const struct schema_names *nm, struct f
 	        " (tg.tgtype = " STORE_WAKEUP_TGTYPE " AND NOT tg.tgdeferrable"
 	        " AND tg.tgqual IS NULL)::text"
 	        " FROM t JOIN pg_trigger tg ON tg.tgrelid = t.oid LEFT JOIN f ON true"
-	        " WHERE tg.tgname = $2 || '_wakeup'",
+	        " WHERE tg.tgname = $2 || '_wakeup'"
+	        " UNION ALL SELECT 'p', c.relname::text, NULL, NULL FROM pg_class c"
+	        " JOIN ns ON c.relnamespace = ns.oid"
+	        " WHERE c.relname = $2 || '" SCHEMA_POSITION_SUFFIX "' AND c.relkind IN ('r', 'p')",
 	        2, pb, PGRES_TUPLES_OK, &res, "could not read the catalog");
 	for (int r = 0; rc == 0 && r < PQntuples(res); r++)
 		rc = note_fact(s, nm, f, res, r);
@@ -374,6 +381,12 @@ static int plan_changes(struct store *s, const struct schema_names *nm, const st
 			        &b, "ALTER TABLE %s SET (fillfactor = " SCHEMA_FILLFACTOR ")", tq);
 			plan_add(pl, "set the table's fillfactor", &b);
 		}
+	}
+	if (!f->position) {
+		/* A new table: no lock on the outbox table, seen by nobody before COMMIT. */
+		memset(&b, 0, sizeof(b));
+		schema_add_create_position(&b, "", tq);
+		plan_add(pl, "create the position table", &b);
 	}
 	if (f->function != CURRENT) {
 		memset(&b, 0, sizeof(b));

@@ -97,7 +97,9 @@ const struct schema_column schema_columns[] = {
 	  "0" },
 	{ "last_error", "VARCHAR(1000),", "text", "VARCHAR(1000)", NULL },
 	{ "locked_by", "VARCHAR(64),", "text", "VARCHAR(64)", NULL },
-	{ "locked_until", "TIMESTAMPTZ", TSTZ, "TIMESTAMPTZ", NULL },
+	{ "locked_until", "TIMESTAMPTZ,", TSTZ, "TIMESTAMPTZ", NULL },
+	/* Set when the cursor source passed the row without publishing it (docs/design.md). */
+	{ "deferred_at", "TIMESTAMPTZ", TSTZ, "TIMESTAMPTZ", NULL },
 };
 _Static_assert(sizeof(schema_columns) / sizeof(schema_columns[0]) == SCHEMA_N_COLUMNS,
                "SCHEMA_N_COLUMNS");
@@ -116,7 +118,10 @@ _Static_assert(sizeof(schema_columns) / sizeof(schema_columns[0]) == SCHEMA_N_CO
  *    (days of rows, on every purge). Its cost: each mark inserts one more index entry (a mark
  *    is never a HOT update anyway: published_at is in the other two indexes' predicates), at
  *    the right edge, since published_at grows. Without retention (rows deleted at once) it
- *    stays empty. */
+ *    stays empty.
+ *  - deferred: the cursor source's exceptions (rows it passed without publishing, still
+ *    unpublished) by key, then seq: its exception path and the operator commands on a table
+ *    it runs read them here. Rows the cursor publishes never enter it, so it stays small. */
 const struct schema_index schema_indexes[] = {
 	{ "_unkeyed_idx", "(seq)\n  WHERE published_at IS NULL AND ordering_key IS NULL",
 	  "btree (seq) WHERE ((published_at IS NULL) AND (ordering_key IS NULL))" },
@@ -126,6 +131,10 @@ const struct schema_index schema_indexes[] = {
 	  "NULL))" },
 	{ "_published_idx", "(published_at)\n  WHERE published_at IS NOT NULL",
 	  "btree (published_at) WHERE (published_at IS NOT NULL)" },
+	{ "_deferred_idx",
+	  "(ordering_key, seq)\n  WHERE deferred_at IS NOT NULL AND published_at IS NULL",
+	  "btree (ordering_key, seq) WHERE ((deferred_at IS NOT NULL) AND (published_at IS "
+	  "NULL))" },
 };
 _Static_assert(sizeof(schema_indexes) / sizeof(schema_indexes[0]) == SCHEMA_N_INDEXES,
                "SCHEMA_N_INDEXES");
@@ -247,6 +256,21 @@ void schema_add_create_table(struct schema_sbuf *b, const char *if_not_exists, c
 	schema_sbuf_add(b, ") WITH (fillfactor = " SCHEMA_FILLFACTOR ")");
 }
 
+/* The cursor source's position (docs/design.md, "The cursor source"): one row per stream
+ * (stream 'main'); every row with seq <= position has been published or deferred. Written with
+ * compare-and-set by the one relay that leads the table; moved_at says when it last moved. */
+void schema_add_create_position(struct schema_sbuf *b, const char *if_not_exists, const char *table)
+{
+	schema_sbuf_add(b,
+	                "CREATE TABLE %s%s" SCHEMA_POSITION_SUFFIX " (\n"
+	                "  stream        TEXT         PRIMARY KEY,\n"
+	                "  position      BIGINT       NOT NULL,\n"
+	                "  leader        TEXT,\n"
+	                "  moved_at      TIMESTAMPTZ  NOT NULL DEFAULT now()\n"
+	                ")",
+	                if_not_exists, table);
+}
+
 /* The upgrade of an older table (AceMQ SQLOutboxStore), which lacks some columns: existing
  * rows get a seq in their physical order and become claimable at once. The indexes need the
  * columns, so the script runs this before them. */
@@ -359,7 +383,9 @@ char *store_schema_sql(const char *table, const char *channel)
 	for (size_t i = 0; i < SCHEMA_N_RETIRED; i++)
 		schema_sbuf_add(&b, "DROP INDEX IF EXISTS %s%s%s;\n", p, n,
 		                schema_retired_indexes[i]);
-	schema_sbuf_add(&b, "\n");
+	schema_sbuf_add(&b, "\n-- the cursor source's position (relay.source = cursor)\n");
+	schema_add_create_position(&b, "IF NOT EXISTS ", t);
+	schema_sbuf_add(&b, ";\n\n");
 
 	add_wakeup_script(&b, &nm, channel);
 

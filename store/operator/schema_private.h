@@ -32,7 +32,7 @@ struct schema_column {
 	const char *add;
 	const char *def;
 };
-#define SCHEMA_N_COLUMNS 18
+#define SCHEMA_N_COLUMNS 19
 extern const struct schema_column schema_columns[];
 
 /* Half of each page is left free. A claim and then a mark rewrite every row of a batch, page by
@@ -52,7 +52,7 @@ struct schema_index {
 	const char *def;
 	const char *catalog;
 };
-#define SCHEMA_N_INDEXES 3
+#define SCHEMA_N_INDEXES 4
 extern const struct schema_index schema_indexes[];
 
 /* The suffixes of indexes of earlier versions, which migrate drops (schema.c says why). */
@@ -81,5 +81,12 @@ void schema_add_trigger_ddl(struct schema_sbuf *b, const char *qschema, const ch
                             const char *tq);
 /* CREATE TABLE <if_not_exists><table> with every column and the fillfactor. */
 void schema_add_create_table(struct schema_sbuf *b, const char *if_not_exists, const char *table);
+/* The cursor source's position table, "<table>_position" beside the outbox table (same schema;
+ * its presence with a row says the cursor source runs the table). */
+#define SCHEMA_POSITION_SUFFIX "_position"
+/* CREATE TABLE <if_not_exists><table>_position (table as the outbox table is named, qualified
+ * or not). */
+void schema_add_create_position(struct schema_sbuf *b, const char *if_not_exists,
+                                const char *table);
 
 #endif

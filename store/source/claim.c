@@ -38,7 +38,7 @@ static int cmp_row_seq(const void *a, const void *b)
 }
 
 /* Feeds the watermark one sample: W, and the lock holders as "3/12,5/99" (n of them). */
-static void feed_sample(struct store *s, const char *w_text, const char *holders, int64_t n)
+void store_feed_sample(struct store *s, const char *w_text, const char *holders, int64_t n)
 {
 	watermark_vxid v[WATERMARK_HOLDERS];
 	size_t k = 0;
@@ -106,11 +106,11 @@ static void use_sample(struct store *s, const PGresult *res, int i, int64_t left
 		s->claim_marked = marked;
 	/* No sample when the claim found no keyed row and none was asked for (statements.c). */
 	if (!PQgetisnull(res, i, COL_WM_SEQ)) {
-		feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
-		            PQgetisnull(res, i, COL_WM_HOLDERS)
-		                    ? ""
-		                    : PQgetvalue(res, i, COL_WM_HOLDERS),
-		            n);
+		store_feed_sample(s, PQgetvalue(res, i, COL_WM_SEQ),
+		                  PQgetisnull(res, i, COL_WM_HOLDERS)
+		                          ? ""
+		                          : PQgetvalue(res, i, COL_WM_HOLDERS),
+		                  n);
 		s->sampled_ms = clock_mono_ms();
 	}
 	/* By the database clock, counted from when the claim was sent (earlier), so that the
@@ -152,7 +152,7 @@ static int take_sample(struct store *s, const PGresult *res, int nt, struct stor
 }
 
 /* Bytes row i of the answer takes in the batch's buffer: every text column and its NUL. */
-static size_t row_bytes(const PGresult *res, int i)
+size_t store_row_bytes(const PGresult *res, int i)
 {
 	size_t n = 0;
 
@@ -207,7 +207,7 @@ static int fit_batch(struct store *s, const PGresult *res, unsigned char *skip,
 	qsort(order, (size_t)n, sizeof(*order), cmp_by_seq);
 	for (int j = 0; j < n; j++) {
 		int i = order[j].i;
-		size_t b = row_bytes(res, i);
+		size_t b = store_row_bytes(res, i);
 
 		if (b <= BATCH_BUF_MAX - used && !cutting) {
 			used += b;
@@ -249,7 +249,7 @@ out:
  * (re)allocated at most once and no pointer is taken before it stops moving. */
 /* Room in out for nt rows and total bytes of their text. The old contents need not be kept:
  * the batch is being replaced. -1 on out of memory. */
-static int reserve_batch(struct store_batch *out, int nt, size_t total)
+int store_batch_reserve(struct store_batch *out, int nt, size_t total)
 {
 	if ((size_t)nt > out->cap) {
 		struct outbox_row *r = realloc(out->rows, (size_t)nt * sizeof(*r));
@@ -275,8 +275,8 @@ static int reserve_batch(struct store_batch *out, int nt, size_t total)
 
 /* Copies row i of res into r, its text at out->buf + *used (moved on). -1 when a number in it
  * cannot be read. */
-static int copy_row(const PGresult *res, int i, struct store_batch *out, struct outbox_row *r,
-                    size_t *used)
+int store_batch_copy_row(const PGresult *res, int i, struct store_batch *out, struct outbox_row *r,
+                         size_t *used)
 {
 	const char **dst[COL_ORDERING_KEY - COL_ID + 1] = {
 		&r->id,      &r->exchange,      &r->routing_key,
@@ -321,7 +321,7 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 		return STORE_ERR_QUERY;
 	}
 	for (int i = 0; i < nt; i++)
-		total += row_bytes(res, i);
+		total += store_row_bytes(res, i);
 	nt = take_sample(s, res, nt, out, sent_ms);
 	if (total > BATCH_BUF_MAX) {
 		skip = calloc((size_t)PQntuples(res) + 1, 1);
@@ -333,14 +333,14 @@ static int parse_batch(struct store *s, const PGresult *res, struct store_batch 
 		}
 		nt -= (int)(out->n_cut + out->n_refused);
 	}
-	if (reserve_batch(out, nt, total) != 0)
+	if (store_batch_reserve(out, nt, total) != 0)
 		goto nomem;
 	for (int i = 0; i < PQntuples(res); i++) {
 		if (PQgetisnull(res, i, COL_SEQ))
 			continue; /* the watermark sample (rows may still be NULL then) */
 		if (skip && skip[i])
 			continue; /* handed back or refused (fit_batch) */
-		if (copy_row(res, i, out, &out->rows[k], &used) != 0) {
+		if (store_batch_copy_row(res, i, out, &out->rows[k], &used) != 0) {
 			store_set_error(s, "claim returned an unreadable number");
 			out->n = 0;
 			free(skip);
@@ -388,6 +388,21 @@ static void next_token(struct store *s)
 	snprintf(s->claim_token, sizeof(s->claim_token), "%s%s.%s", s->token_prefix,
 	         base36(s->token_nonce, nonce, sizeof(nonce)),
 	         base36(s->token_counter, count, sizeof(count)));
+}
+
+int store_claim_token_next(struct store *s, char *out, size_t cap)
+{
+	next_token(s);
+	if (snprintf(out, cap, "%s", s->claim_token) >= (int)cap) {
+		store_set_error(s, "internal error: a claim token does not fit");
+		return STORE_ERR_FATAL;
+	}
+	return 0;
+}
+
+void store_sort_rows(struct store_batch *b)
+{
+	qsort(b->rows, b->n, sizeof(b->rows[0]), cmp_row_seq);
 }
 
 int store_token_stem(const struct store *s, char *out, size_t cap)
@@ -614,8 +629,8 @@ static int sample(struct store *s)
 	if (PQntuples(res) == 1 && PQnfields(res) == 3) {
 		if (store_parse_int64(PQgetvalue(res, 0, 2), &n) != 0)
 			n = -1;
-		feed_sample(s, PQgetvalue(res, 0, 0),
-		            PQgetisnull(res, 0, 1) ? "" : PQgetvalue(res, 0, 1), n);
+		store_feed_sample(s, PQgetvalue(res, 0, 0),
+		                  PQgetisnull(res, 0, 1) ? "" : PQgetvalue(res, 0, 1), n);
 		s->sampled_ms = clock_mono_ms();
 	}
 	PQclear(res);

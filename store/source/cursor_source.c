@@ -1,113 +1,609 @@
-/* The cursor source: not built yet. */
-#pragma GCC diagnostic ignored "-Wunused-parameter"
+/* The cursor source (store/source/source.h, relay.source = cursor): one relay leads the table
+ * and reads the rows above its position, up to the ordering watermark's fence (no row a running
+ * transaction may still commit is ever passed); after the broker has confirmed a batch, the
+ * position moves past it in one durable statement. Nothing is written into a published row.
+ * The rows it cannot publish at once (failed, delayed, dead, never answered, or behind such a
+ * row of their ordering key) are deferred: written as exceptions by that same statement, and
+ * published later under a lease, one per key at a time, by the exceptions' claim. Relays that
+ * do not lead wait, trying for the lead now and then (warm standbys). docs/design.md, "Row
+ * sources", tells the design and its failure cases. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "base/clock.h"
+#include "store/operator/admin.h"
+#include "store/source/cursor_keys.h"
+#include "store/source/lease.h"
+#include "store/source/position.h"
 #include "store/source/source_private.h"
+#include "store/store.h"
+
+/* A relay that does not lead tries for the lead this often (at most relay.poll_interval): the
+ * longest a table goes unpublished after its leader's session ends, beyond the server noticing. */
+#define LEAD_RETRY_MS 200
+/* While rows wait for the watermark to settle, the read is tried again after 1, 2, 4 ... ms, at
+ * most this. */
+#define SETTLE_PAUSE_MAX_MS 50
 
 struct cursor {
-	struct source base;
+	struct source base; /* first: a struct source * is a struct cursor * */
+	struct source_options o;
+	struct store *store;
+
+	bool leader;
+	bool pos_known;     /* pos is what this relay last read or wrote of the table */
+	int64_t lead_at_ms; /* when to try for the lead again */
+	int64_t pos;        /* the table's position */
+	int64_t read_pos;   /* every row up to it was handed out or passed */
+	int64_t read_fence; /* the fence the last read went up to */
+	bool read_full;     /* the last read found as many rows as it asked for */
+
+	/* What the next move writes: the rows passed (their error texts owned), and how many
+	 * confirmed rows it records (owed until it lands). */
+	struct position_pass *passes;
+	size_t n_passes, passes_cap;
+	size_t n_unrecorded;
+	int64_t batch_t0_us;
+
+	struct store_batch read; /* the last read's rows; the batch's rows point into it */
+	struct position_seen *seen;
+	size_t seen_cap;
+	struct cursor_keys keys;
+	struct outbox_row *rows; /* the batch handed out */
+	size_t rows_cap;
+
+	struct store_batch lane; /* exceptions claimed */
+	int64_t lane_due_ms;
+	bool prefer_lane;
+
+	bool out, out_lane; /* a batch is handed out (of exceptions) */
+	int64_t out_us;
+	struct source_batch view;
+
+	int64_t pause_ms;
+	enum source_step step;
 };
 
-struct cursor *cursor_new(const struct source_options *opts)
+static int fail(struct cursor *c, enum source_step step, int rc)
 {
-	(void)opts;
-	return NULL;
+	c->step = step;
+	return rc;
 }
 
-void cursor_free(struct cursor *s)
+static void answered(struct cursor *c)
 {
+	if (c->o.hooks.answered)
+		c->o.hooks.answered(c->o.hooks.arg);
 }
 
-int cursor_connect(struct cursor *s)
+/* ---- what the next move writes ---- */
+
+static void clear_passes(struct cursor *c)
 {
-	return STORE_ERR_FATAL;
+	for (size_t i = 0; i < c->n_passes; i++)
+		free((char *)c->passes[i].error);
+	c->n_passes = 0;
 }
 
-void cursor_disconnect(struct cursor *s)
+static int add_pass(struct cursor *c, const struct position_pass *p)
 {
-}
-
-bool cursor_connected(const struct cursor *s)
-{
-	return false;
-}
-
-void cursor_interrupt(struct cursor *s)
-{
-}
-
-const char *cursor_errmsg(const struct cursor *s)
-{
-	return "";
-}
-
-enum source_step cursor_step(const struct cursor *s)
-{
-	return SOURCE_STEP_NONE;
-}
-
-const char *cursor_server(const struct cursor *s)
-{
-	return "";
-}
-
-bool cursor_wakeup_current(const struct cursor *s)
-{
-	return false;
-}
-
-int cursor_token_stem(const struct cursor *s, char *out, size_t cap)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_next(struct cursor *s, const struct source_batch **out, int64_t *ask_at_ms)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_fd(const struct cursor *s)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_input(struct cursor *s, bool *woken)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_prefetch(struct cursor *s, const struct source_batch *b)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_settle(struct cursor *s, const struct source_batch *b, const struct source_fate *fates)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_pause(struct cursor *s)
-{
-	return STORE_ERR_FATAL;
-}
-
-int cursor_finish(struct cursor *s)
-{
-	return STORE_ERR_FATAL;
-}
-
-size_t cursor_owed(const struct cursor *s)
-{
+	if (c->n_passes == c->passes_cap) {
+		size_t cap = c->passes_cap ? 2 * c->passes_cap : 64;
+		struct position_pass *np = realloc(c->passes, cap * sizeof(*np));
+		if (!np)
+			return STORE_ERR_NOMEM;
+		c->passes = np;
+		c->passes_cap = cap;
+	}
+	c->passes[c->n_passes] = *p;
+	if (p->error && !(c->passes[c->n_passes].error = strdup(p->error)))
+		return STORE_ERR_NOMEM;
+	c->n_passes++;
 	return 0;
 }
 
-int cursor_backlog(struct cursor *s, struct store_status *st)
+/* What was owed is forgotten: another relay leads from a position of its own, and publishes
+ * again what this one had published above it (a duplicate, never a loss). */
+static void drop_owed(struct cursor *c)
 {
-	return STORE_ERR_FATAL;
+	if (c->n_unrecorded && c->o.hooks.repaid)
+		c->o.hooks.repaid(c->o.hooks.arg, 0, c->n_unrecorded);
+	c->n_unrecorded = 0;
+	clear_passes(c);
 }
 
-int cursor_purge(struct cursor *s, int64_t older_than_ms, int batch, const atomic_int *stop,
+/* Moves the position to read_pos with the passed rows; nothing while a batch is out (its rows
+ * are below read_pos and not settled). */
+static int flush(struct cursor *c)
+{
+	int rc;
+
+	if (c->out || (c->read_pos <= c->pos && c->n_passes == 0))
+		return 0;
+	rc = position_move(c->store, c->pos, c->read_pos, c->passes, c->n_passes);
+	if (rc < 0)
+		return fail(c, SOURCE_STEP_MOVING, rc);
+	if (rc == 0) {
+		c->leader = c->pos_known = false;
+		drop_owed(c);
+		return fail(c, SOURCE_STEP_MOVING, STORE_ERR_QUERY);
+	}
+	if (c->n_passes)
+		c->lane_due_ms = 0; /* what was passed may be due already */
+	c->pos = c->read_pos;
+	clear_passes(c);
+	if (c->n_unrecorded && c->o.hooks.marked)
+		c->o.hooks.marked(c->o.hooks.arg, c->n_unrecorded,
+		                  clock_mono_us() - c->batch_t0_us);
+	c->n_unrecorded = 0;
+	return 0;
+}
+
+/* ---- leading ---- */
+
+static int lead(struct cursor *c, int64_t now)
+{
+	int64_t pos = 0;
+	int rc;
+
+	if (now < c->lead_at_ms)
+		return 0;
+	rc = position_lead(c->store, &pos);
+	if (rc < 0)
+		return fail(c, SOURCE_STEP_LEADING, rc);
+	answered(c);
+	if (rc == 0) {
+		int64_t retry = c->o.poll_interval_ms < LEAD_RETRY_MS ? c->o.poll_interval_ms
+		                                                      : LEAD_RETRY_MS;
+		c->lead_at_ms = now + retry;
+		return 0;
+	}
+	/* What this relay still owes stands only on the position it was owed against. */
+	if (!c->pos_known || pos != c->pos) {
+		drop_owed(c);
+		c->pos = c->read_pos = pos;
+	}
+	c->leader = c->pos_known = true;
+	c->read_fence = 0;
+	c->lane_due_ms = 0;
+	return 1;
+}
+
+/* ---- the batch ---- */
+
+static int pass_row(struct cursor *c, const struct outbox_row *r)
+{
+	struct position_pass p = { .seq = r->seq, .delay_ms = -1 };
+
+	if (r->ordering_key)
+		cursor_keys_add(&c->keys, r->ordering_key, CURSOR_KEY_PASSED);
+	return add_pass(c, &p);
+}
+
+/* The batch out of the last read: its rows in order, up to the first one of a key already in
+ * it (a key's rows go one at a time) or past the byte budget; rows that cannot go now are
+ * passed. read_pos moves over every row looked at, and to the fence when all were. */
+static int build(struct cursor *c, size_t *n)
+{
+	int64_t bytes = 0, max = c->o.store.batch_max_bytes;
+	size_t i, k = 0;
+	int rc;
+
+	*n = 0;
+	if (c->read.n > c->rows_cap) {
+		struct outbox_row *r = realloc(c->rows, c->read.n * sizeof(*r));
+		if (!r)
+			return STORE_ERR_NOMEM;
+		c->rows = r;
+		c->rows_cap = c->read.n;
+	}
+	if (cursor_keys_reserve(&c->keys, c->read.n) != 0)
+		return STORE_ERR_NOMEM;
+	cursor_keys_clear(&c->keys);
+	for (i = 0; i < c->read.n; i++) {
+		const struct outbox_row *r = &c->read.rows[i];
+		const struct position_seen *s = &c->seen[i];
+		unsigned f = r->ordering_key ? cursor_keys_get(&c->keys, r->ordering_key) : 0;
+
+		if (s->later || s->dead || s->held || (f & CURSOR_KEY_PASSED)) {
+			if ((rc = pass_row(c, r)) != 0)
+				return rc;
+		} else if ((f & CURSOR_KEY_IN_BATCH) ||
+		           (k > 0 && max > 0 && bytes + (int64_t)r->body_len > max)) {
+			break;
+		} else {
+			c->rows[k++] = *r;
+			bytes += (int64_t)r->body_len;
+			if (r->ordering_key)
+				cursor_keys_add(&c->keys, r->ordering_key, CURSOR_KEY_IN_BATCH);
+		}
+		c->read_pos = r->seq;
+	}
+	if (i == c->read.n && !c->read_full && c->read_fence > c->read_pos)
+		c->read_pos = c->read_fence;
+	*n = k;
+	return 0;
+}
+
+static void hand_out(struct cursor *c, const struct outbox_row *rows, size_t n, bool lane,
+                     const struct source_batch **out)
+{
+	c->out = true;
+	c->out_lane = lane;
+	c->out_us = clock_mono_us();
+	c->view.rows = rows;
+	c->view.n = n;
+	c->view.deadline_ms = clock_mono_ms() + c->o.confirm_timeout_ms;
+	*out = &c->view;
+}
+
+/* Reads above the position and hands out what may go. */
+static int read_next(struct cursor *c, const struct source_batch **out)
+{
+	int64_t fence = store_watermark_safe(c->store);
+	int limit = c->o.store.batch_size;
+	size_t n;
+	int rc;
+
+	if (fence < c->read_pos)
+		fence = c->read_pos;
+	rc = position_read(c->store, c->read_pos, fence, limit, &c->read, &c->seen, &c->seen_cap);
+	if (rc != 0)
+		return fail(c, SOURCE_STEP_READING, rc);
+	answered(c);
+	c->read_fence = fence;
+	c->read_full = c->read.n == (size_t)limit;
+	if ((rc = build(c, &n)) != 0)
+		return fail(c, SOURCE_STEP_READING, rc);
+	if (n == 0)
+		return 0;
+	if (store_wakeup_armed(c->store) && (rc = position_disarm(c->store)) != 0)
+		return fail(c, SOURCE_STEP_DISARMING, rc);
+	hand_out(c, c->rows, n, false, out);
+	return 0;
+}
+
+/* Claims the exceptions that may go now. */
+static int lane_next(struct cursor *c, int64_t now, const struct source_batch **out)
+{
+	int rc = position_claim_deferred(c->store, c->o.store.batch_size, &c->lane);
+
+	if (rc != 0)
+		return fail(c, SOURCE_STEP_DEFERRED, rc);
+	if (c->lane.n == 0) {
+		c->lane_due_ms = now + c->o.poll_interval_ms;
+		return 0;
+	}
+	hand_out(c, c->lane.rows, c->lane.n, true, out);
+	return 0;
+}
+
+/* Nothing to hand out: when to look again. */
+static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
+{
+	int rc;
+
+	if (c->read_full || c->n_passes) {
+		*ask_at_ms = now;
+		return 0;
+	}
+	if (store_watermark_seen(c->store) > c->read_fence) {
+		/* Rows may be committed above the fence: read again once the watermark moves. */
+		*ask_at_ms = now + c->pause_ms;
+		c->pause_ms = c->pause_ms * 2 > SETTLE_PAUSE_MAX_MS ? SETTLE_PAUSE_MAX_MS
+		                                                    : c->pause_ms * 2;
+		return 0;
+	}
+	c->pause_ms = 1;
+	*ask_at_ms = now + c->o.poll_interval_ms;
+	if (c->lane_due_ms < *ask_at_ms)
+		*ask_at_ms = c->lane_due_ms;
+	if (!c->o.store.channel[0] || store_wakeup_armed(c->store))
+		return 0;
+	/* Arm, then read once more: its sample covers every seq drawn before the lock was
+	 * taken, whose producer may not have notified. */
+	rc = store_arm(c->store);
+	if (rc == 0)
+		rc = store_wakeup_armed_elsewhere(c->store);
+	if (rc < 0)
+		return fail(c, SOURCE_STEP_ARMING, rc);
+	if (rc == 0 || store_wakeup_armed(c->store))
+		*ask_at_ms = now + (rc == 0 ? 1 : 0);
+	return 0;
+}
+
+int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_at_ms)
+{
+	int64_t now = clock_mono_ms();
+	int rc;
+
+	*out = NULL;
+	*ask_at_ms = now;
+	if (!c->leader) {
+		if ((rc = lead(c, now)) <= 0) {
+			*ask_at_ms = c->lead_at_ms;
+			return rc;
+		}
+	}
+	if ((rc = flush(c)) != 0)
+		return rc;
+	if (c->prefer_lane && now >= c->lane_due_ms) {
+		if ((rc = lane_next(c, now, out)) != 0 || *out) {
+			c->prefer_lane = false;
+			return rc;
+		}
+	}
+	if ((rc = read_next(c, out)) != 0 || *out) {
+		c->prefer_lane = true;
+		return rc;
+	}
+	if (!c->prefer_lane && now >= c->lane_due_ms) {
+		if ((rc = lane_next(c, now, out)) != 0 || *out)
+			return rc;
+	}
+	if (c->n_passes && (rc = flush(c)) != 0)
+		return rc;
+	return idle(c, now, ask_at_ms);
+}
+
+int cursor_prefetch(struct cursor *c, const struct source_batch *b)
+{
+	(void)c;
+	(void)b;
+	return 0; /* the next read is cheap: it runs when asked for */
+}
+
+/* ---- settling ---- */
+
+/* The exceptions' fates, written under their claim's token as the lease source writes its. */
+static int settle_lane(struct cursor *c, const struct source_fate *fates)
+{
+	size_t n = c->lane.n, np = 0, nf = 0, nr = 0;
+	int64_t *pub = calloc(n ? n : 1, sizeof(*pub));
+	struct store_failure *fail_rows = calloc(n ? n : 1, sizeof(*fail_rows));
+	const char **rel = calloc(n ? n : 1, sizeof(*rel));
+	int rc = STORE_ERR_NOMEM;
+
+	if (!pub || !fail_rows || !rel)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		const struct outbox_row *r = &c->lane.rows[i];
+
+		if (fates[i].outcome == SOURCE_PUBLISHED)
+			pub[np++] = r->seq;
+		else if (fates[i].outcome == SOURCE_FAILED)
+			fail_rows[nf++] = (struct store_failure){ .id = r->id,
+				                                  .error = fates[i].error,
+				                                  .delay_ms = fates[i].delay_ms,
+				                                  .dead = fates[i].dead,
+				                                  .uncounted = fates[i].uncounted };
+		else
+			rel[nr++] = r->id;
+	}
+	rc = 0;
+	if (np && (rc = store_mark_published(c->store, c->lane.token, pub, np,
+	                                     c->o.delete_published)) != 0) {
+		rc = fail(c, SOURCE_STEP_MARKING, rc);
+		goto out;
+	}
+	if (np && c->o.hooks.marked)
+		c->o.hooks.marked(c->o.hooks.arg, np, clock_mono_us() - c->out_us);
+	if (nf && (rc = store_mark_failed(c->store, c->lane.token, fail_rows, nf, NULL)) != 0) {
+		rc = fail(c, SOURCE_STEP_MARKING_FAILED, rc);
+		goto out;
+	}
+	if (nr && (rc = store_release(c->store, c->lane.token, rel, nr)) != 0) {
+		rc = fail(c, SOURCE_STEP_RELEASING, rc);
+		goto out;
+	}
+	if (nr && c->o.hooks.released)
+		c->o.hooks.released(c->o.hooks.arg, nr);
+	c->lane_due_ms = 0; /* the next of each key may go now */
+out:
+	free(pub);
+	free(fail_rows);
+	free(rel);
+	return rc;
+}
+
+/* The batch's fates: confirmed rows are recorded by the move; every other row is passed
+ * (deferred), with its failure when it has one. */
+static int settle_read(struct cursor *c, const struct source_batch *b,
+                       const struct source_fate *fates)
+{
+	size_t released = 0, published = 0;
+	int rc;
+
+	for (size_t i = 0; i < b->n; i++) {
+		const struct source_fate *f = &fates[i];
+		struct position_pass p = { .seq = b->rows[i].seq, .delay_ms = -1 };
+
+		if (f->outcome == SOURCE_PUBLISHED) {
+			published++;
+			continue;
+		}
+		if (f->outcome == SOURCE_FAILED) {
+			p.error = f->error;
+			p.delay_ms = f->delay_ms;
+			p.dead = f->dead;
+			p.counted = !f->uncounted && !f->dead;
+		} else {
+			released++;
+		}
+		if ((rc = add_pass(c, &p)) != 0)
+			return rc;
+	}
+	if (published && !c->n_unrecorded)
+		c->batch_t0_us = c->out_us;
+	c->n_unrecorded += published;
+	if (released && c->o.hooks.released)
+		c->o.hooks.released(c->o.hooks.arg, released);
+	return 0;
+}
+
+int cursor_settle(struct cursor *c, const struct source_batch *b, const struct source_fate *fates)
+{
+	int rc;
+
+	if (!c->out || b != &c->view)
+		return 0;
+	c->out = false;
+	if (!fates) {
+		/* Nothing can be said of the batch: read it again (its rows go out twice at
+		 * most); exceptions come back by their lease. */
+		if (!c->out_lane)
+			c->read_pos = c->pos;
+		return 0;
+	}
+	if (c->out_lane)
+		return store_connected(c->store) ? settle_lane(c, fates) : 0;
+	if ((rc = settle_read(c, b, fates)) != 0)
+		return fail(c, SOURCE_STEP_MOVING, rc);
+	if (!store_connected(c->store) || !c->leader)
+		return 0; /* owed: moved once this relay leads again from the same position */
+	return flush(c);
+}
+
+int cursor_pause(struct cursor *c)
+{
+	int rc = 0;
+
+	if (c->leader && store_connected(c->store))
+		rc = flush(c);
+	if (rc == 0 && store_connected(c->store) && store_wakeup_armed(c->store) &&
+	    (rc = position_disarm(c->store)) != 0)
+		rc = fail(c, SOURCE_STEP_DISARMING, rc);
+	return rc;
+}
+
+int cursor_finish(struct cursor *c)
+{
+	if (c->leader && store_connected(c->store))
+		return flush(c);
+	return 0;
+}
+
+size_t cursor_owed(const struct cursor *c)
+{
+	return c->n_unrecorded;
+}
+
+/* ---- the connection ---- */
+
+int cursor_connect(struct cursor *c)
+{
+	int rc;
+
+	c->step = SOURCE_STEP_NONE;
+	c->leader = false;
+	c->lead_at_ms = 0;
+	rc = store_connect(c->store);
+	if (rc == STORE_OK && !c->o.store.admin)
+		rc = position_check(c->store);
+	return rc;
+}
+
+void cursor_disconnect(struct cursor *c)
+{
+	c->leader = false; /* the lead is a session lock: it ended with the session */
+	if (c->out && c->out_lane)
+		c->out = false; /* its rows come back by their lease */
+	store_disconnect(c->store);
+}
+
+bool cursor_connected(const struct cursor *c)
+{
+	return store_connected(c->store);
+}
+
+void cursor_interrupt(struct cursor *c)
+{
+	store_interrupt(c->store);
+}
+
+const char *cursor_errmsg(const struct cursor *c)
+{
+	return store_errmsg(c->store);
+}
+
+enum source_step cursor_step(const struct cursor *c)
+{
+	return c->step;
+}
+
+const char *cursor_server(const struct cursor *c)
+{
+	return store_server(c->store);
+}
+
+bool cursor_wakeup_current(const struct cursor *c)
+{
+	return store_wakeup_current(c->store);
+}
+
+int cursor_token_stem(const struct cursor *c, char *out, size_t cap)
+{
+	return store_token_stem(c->store, out, cap);
+}
+
+int cursor_fd(const struct cursor *c)
+{
+	return store_socket(c->store);
+}
+
+int cursor_input(struct cursor *c, bool *woken)
+{
+	int rc = store_consume_input(c->store, woken);
+
+	if (rc < 0)
+		return fail(c, SOURCE_STEP_WAITING, rc);
+	if (*woken)
+		c->pause_ms = 1;
+	return 0;
+}
+
+int cursor_backlog(struct cursor *c, struct store_status *st)
+{
+	return store_status(c->store, st);
+}
+
+int cursor_purge(struct cursor *c, int64_t older_than_ms, int batch, const atomic_int *stop,
                  int64_t *n_removed)
 {
-	return STORE_ERR_FATAL;
+	return store_purge(c->store, older_than_ms, batch, stop, n_removed);
+}
+
+struct cursor *cursor_new(const struct source_options *opts)
+{
+	struct cursor *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->base.kind = SOURCE_CURSOR;
+	c->o = *opts;
+	c->pause_ms = 1;
+	store_batch_init(&c->read);
+	store_batch_init(&c->lane);
+	c->store = store_new(&c->o.store);
+	if (!c->store) {
+		cursor_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+void cursor_free(struct cursor *c)
+{
+	if (!c)
+		return;
+	store_free(c->store);
+	store_batch_free(&c->read);
+	store_batch_free(&c->lane);
+	clear_passes(c);
+	free(c->passes);
+	free(c->seen);
+	free(c->rows);
+	cursor_keys_free(&c->keys);
+	free(c);
 }

@@ -253,6 +253,15 @@ Test(roles, each_role_can_do_no_more, .timeout = 300)
 	snprintf(sql, sizeof(sql),
 	         "SELECT pg_sequence_last_value(pg_get_serial_sequence('%s', 'seq'))", t.fx.table);
 	expect_allowed(relay, "the relay", sql);
+	/* The cursor source's position: the first leader inserts it, then moves it. */
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s_position (stream, position, leader) VALUES ('main', 0, 'r');"
+	         " UPDATE %s_position SET position = 1 WHERE stream = 'main' AND position = 0;"
+	         " SELECT position FROM %s_position",
+	         t.fx.table, t.fx.table, t.fx.table);
+	expect_allowed(relay, "the relay", sql);
+	snprintf(sql, sizeof(sql), "DROP TABLE %s_position", t.fx.table);
+	expect_denied(relay, "the relay", sql);
 	/* ... and nothing more: no DDL on the outbox, no producing, no other table, no new
 	 * objects, no drawing of sequence values. */
 	snprintf(sql, sizeof(sql), "DROP TABLE %s", t.fx.table);
@@ -289,6 +298,8 @@ Test(roles, each_role_can_do_no_more, .timeout = 300)
 	snprintf(sql, sizeof(sql), "DELETE FROM %s", t.fx.table);
 	expect_denied(app, "the producer", sql);
 	snprintf(sql, sizeof(sql), "TRUNCATE %s", t.fx.table);
+	expect_denied(app, "the producer", sql);
+	snprintf(sql, sizeof(sql), "UPDATE %s_position SET position = 0", t.fx.table);
 	expect_denied(app, "the producer", sql);
 	PQfinish(app);
 

@@ -191,6 +191,67 @@ static void when_trigger(const char *t)
 	    t, t, t, t, t);
 }
 
+/* What the cursor source needs (docs/design.md): the deferred_at column (nullable, no
+ * default), the partial index of its exceptions, and the position table beside the table. */
+static void expect_cursor_objects(const char *t)
+{
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_attribute WHERE attrelid = '%s'::regclass"
+	                     " AND attname = 'deferred_at' AND NOT attnotnull AND NOT atthasdef"
+	                     " AND atttypid = 'timestamptz'::regtype AND NOT attisdropped",
+	                     t),
+	             1, "deferred_at TIMESTAMPTZ, nullable, no default");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_index i JOIN pg_class ic ON ic.oid ="
+	                     " i.indexrelid WHERE i.indrelid = '%s'::regclass AND i.indisvalid"
+	                     " AND ic.relname = '%s_deferred_idx' AND pg_get_indexdef(i.indexrelid)"
+	                     " LIKE '%%(ordering_key, seq) WHERE ((deferred_at IS NOT NULL) AND"
+	                     " (published_at IS NULL))'",
+	                     t, t),
+	             1, "the deferred index, valid");
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM pg_attribute WHERE attrelid ="
+	                     " '%s_position'::regclass AND attnum > 0 AND NOT attisdropped AND"
+	                     " (attname, format_type(atttypid, atttypmod), attnotnull) IN"
+	                     " (('stream', 'text', true), ('position', 'bigint', true),"
+	                     " ('leader', 'text', false),"
+	                     " ('moved_at', 'timestamp with time zone', true))",
+	                     t),
+	             4, "the position table's columns");
+	cr_assert_eq(
+	        sql_int(g_admin,
+	                "SELECT count(*) FROM pg_index WHERE indrelid = '%s_position'::regclass"
+	                " AND indisprimary",
+	                t),
+	        1, "stream is the position table's key");
+	sql(g_admin, "INSERT INTO %s_position (stream, position) VALUES ('probe', 7)", t);
+	cr_assert_eq(sql_int(g_admin,
+	                     "SELECT count(*) FROM %s_position WHERE stream = 'probe'"
+	                     " AND moved_at > now() - interval '1 hour'",
+	                     t),
+	             1, "moved_at defaults to now()");
+	sql(g_admin, "DELETE FROM %s_position WHERE stream = 'probe'", t);
+}
+
+/* The oids of the objects migrate makes, as one string (a changed one: migrate rebuilt it). */
+static char *object_oids(const char *t)
+{
+	char q[1024];
+	PGresult *r;
+	char *out;
+
+	snprintf(q, sizeof(q),
+	         "SELECT string_agg(c.relname || '=' || c.oid || '/' || c.relfilenode, ','"
+	         " ORDER BY c.relname) FROM pg_class c WHERE c.relname LIKE '%s%%'",
+	         t);
+	r = PQexec(g_admin, q);
+	cr_assert(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1, "%s",
+	          PQresultErrorMessage(r));
+	out = strdup(PQgetvalue(r, 0, 0));
+	PQclear(r);
+	return out;
+}
+
 Test(store, schema_applies_twice_and_refuses_bad_names)
 {
 	name_table("schema");
@@ -210,7 +271,8 @@ Test(store, schema_applies_twice_and_refuses_bad_names)
 	             1, "the statement-level wake-up trigger");
 	cr_assert_eq(
 	        sql_int(g_admin, "SELECT count(*) FROM pg_indexes WHERE tablename = '%s'", g_table),
-	        5, "pkey, seq unique, unkeyed, key and published indexes, nothing twice");
+	        6, "pkey, seq unique, unkeyed, key, published and deferred indexes, nothing twice");
+	expect_cursor_objects(g_table);
 	/* Over a table of an earlier version: its deferred per-row trigger is replaced. */
 	sql(g_admin, "DROP TRIGGER %s_wakeup ON %s", g_table, g_table);
 	sql(g_admin,
@@ -303,7 +365,16 @@ Test(store, migrate_upgrades_acemq_table)
 
 	struct store *a = open_store(opts_for("admin", true));
 	cr_assert_eq(store_migrate(a), 0, "%s", store_errmsg(a));
+	expect_cursor_objects(g_table);
+	cr_assert_eq(sql_int(g_admin, "SELECT count(*) FROM %s WHERE deferred_at IS NULL", g_table),
+	             4, "existing rows are not deferred");
+	char *before = object_oids(g_table);
 	cr_assert_eq(store_migrate(a), 0, "second migrate: %s", store_errmsg(a));
+	char *after = object_oids(g_table);
+	cr_assert_str_eq(after, before, "the second migrate rebuilt or replaced something");
+	cr_assert(strstr(before, "_deferred_idx=") && strstr(before, "_position="), "%s", before);
+	free(before);
+	free(after);
 	struct store *r = open_store(opts_for("r1", false));
 	cr_assert_str_eq(claim_str(r, false), "old1,old2,old3");
 	store_free(r);
