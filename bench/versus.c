@@ -31,9 +31,10 @@ static void print_writes(const struct bench *b, enum bench_source s)
 
 	if (isnan(rec))
 		return;
-	printf("versus: %s: the relay's own WAL in the drain: %.3f records and %.0f B per "
-	       "message, %.1f records per batch of %ld\n",
-	       bench_source_name(s), rec, bytes, rec * (double)bench_batch(b), bench_batch(b));
+	printf("versus: %s: the relay's own WAL in the drain: %.3f records and %.2f B per "
+	       "message, %.1f records and %.0f B per batch of %ld\n",
+	       bench_source_name(s), rec, bytes, rec * (double)bench_batch(b),
+	       bytes * (double)bench_batch(b), bench_batch(b));
 }
 
 static void print_latency(const struct bench *b)

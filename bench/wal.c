@@ -412,6 +412,18 @@ void wal_cost(PGconn *c, const struct wal_point *a, const struct wal_point *z, l
 		breakdown(c, a->lsn, z->lsn, n, w);
 }
 
+/* Decimals that show v: whole bytes as a row writer's WAL reads best, but a writer per batch
+ * (the cursor source) writes a fraction of a byte and record per message, which would print
+ * as 0. */
+static int decimals(double v, int whole)
+{
+	double a = fabs(v);
+
+	if (a == 0 || a >= 10)
+		return whole;
+	return a >= 0.1 ? whole + 2 : whole + 3;
+}
+
 void wal_print(const char *what, const char *unit, const char *note, const struct wal_cost *w)
 {
 	printf("%s: wal per %s%s%s%s: ", what, unit, note ? " (" : "", note ? note : "",
@@ -419,12 +431,12 @@ void wal_print(const char *what, const char *unit, const char *note, const struc
 	if (isnan(w->bytes))
 		printf("?");
 	else
-		printf("%.0f B", w->bytes);
+		printf("%.*f B", decimals(w->bytes, 0), w->bytes);
 	if (isnan(w->records))
 		printf(" (pg_stat_wal unavailable)\n");
 	else
-		printf(", %.2f records, %.3f fpi (pg_stat_wal %.0f B)\n", w->records, w->fpi,
-		       w->stat_bytes);
+		printf(", %.*f records, %.3f fpi (pg_stat_wal %.*f B)\n", decimals(w->records, 2),
+		       w->records, w->fpi, decimals(w->stat_bytes, 0), w->stat_bytes);
 	if (!w->dumped)
 		return;
 	printf("%s: wal per %s by record (pg_waldump): ", what, unit);
@@ -433,8 +445,9 @@ void wal_print(const char *what, const char *unit, const char *note, const struc
 		return;
 	}
 	for (int i = 0; i < w->n_types; i++)
-		printf("%s%s %.0f B %.2f", i ? ", " : "", w->types[i].name, w->types[i].bytes,
-		       w->types[i].count);
+		printf("%s%s %.*f B %.*f", i ? ", " : "", w->types[i].name,
+		       decimals(w->types[i].bytes, 0), w->types[i].bytes,
+		       decimals(w->types[i].count, 2), w->types[i].count);
 	printf("\n");
 }
 
