@@ -45,10 +45,19 @@ struct cursor {
 	size_t n_passes, passes_cap;
 	size_t n_unrecorded;
 	int64_t batch_t0_us;
+	bool passes_keyed; /* a passed row has an ordering key */
+	bool owed_across;  /* the rows owed were confirmed before the connection was lost */
 
-	struct store_batch read; /* the last read's rows; the batch's rows point into it */
-	struct position_seen *seen;
-	size_t seen_cap;
+	/* Two reads: reads[cur] is the one the batch out was built from (its rows point into it),
+	 * reads[1 - cur] the one fetched ahead while the broker confirms. */
+	struct cursor_read {
+		struct store_batch rows;
+		struct position_seen *seen;
+		size_t seen_cap;
+		int64_t fence;
+	} reads[2];
+	int cur;
+	enum { AHEAD_NONE, AHEAD_SENT, AHEAD_READY } ahead;
 	struct cursor_keys keys;
 	struct outbox_row *rows; /* the batch handed out */
 	size_t rows_cap;
@@ -84,6 +93,7 @@ static void clear_passes(struct cursor *c)
 	for (size_t i = 0; i < c->n_passes; i++)
 		free((char *)c->passes[i].error);
 	c->n_passes = 0;
+	c->passes_keyed = false;
 }
 
 static int add_pass(struct cursor *c, const struct position_pass *p)
@@ -110,6 +120,7 @@ static void drop_owed(struct cursor *c)
 	if (c->n_unrecorded && c->o.hooks.repaid)
 		c->o.hooks.repaid(c->o.hooks.arg, 0, c->n_unrecorded);
 	c->n_unrecorded = 0;
+	c->owed_across = false;
 	clear_passes(c);
 }
 
@@ -133,10 +144,13 @@ static int flush(struct cursor *c)
 		c->lane_due_ms = 0; /* what was passed may be due already */
 	c->pos = c->read_pos;
 	clear_passes(c);
-	if (c->n_unrecorded && c->o.hooks.marked)
+	if (c->n_unrecorded && c->owed_across && c->o.hooks.repaid)
+		c->o.hooks.repaid(c->o.hooks.arg, c->n_unrecorded, 0);
+	else if (c->n_unrecorded && c->o.hooks.marked)
 		c->o.hooks.marked(c->o.hooks.arg, c->n_unrecorded,
 		                  clock_mono_us() - c->batch_t0_us);
 	c->n_unrecorded = 0;
+	c->owed_across = false;
 	return 0;
 }
 
@@ -176,8 +190,10 @@ static int pass_row(struct cursor *c, const struct outbox_row *r)
 {
 	struct position_pass p = { .seq = r->seq, .delay_ms = -1 };
 
-	if (r->ordering_key)
+	if (r->ordering_key) {
 		cursor_keys_add(&c->keys, r->ordering_key, CURSOR_KEY_PASSED);
+		c->passes_keyed = true;
+	}
 	return add_pass(c, &p);
 }
 
@@ -191,19 +207,19 @@ static int build(struct cursor *c, size_t *n)
 	int rc;
 
 	*n = 0;
-	if (c->read.n > c->rows_cap) {
-		struct outbox_row *r = realloc(c->rows, c->read.n * sizeof(*r));
+	if (c->reads[c->cur].rows.n > c->rows_cap) {
+		struct outbox_row *r = realloc(c->rows, c->reads[c->cur].rows.n * sizeof(*r));
 		if (!r)
 			return STORE_ERR_NOMEM;
 		c->rows = r;
-		c->rows_cap = c->read.n;
+		c->rows_cap = c->reads[c->cur].rows.n;
 	}
-	if (cursor_keys_reserve(&c->keys, c->read.n) != 0)
+	if (cursor_keys_reserve(&c->keys, c->reads[c->cur].rows.n) != 0)
 		return STORE_ERR_NOMEM;
 	cursor_keys_clear(&c->keys);
-	for (i = 0; i < c->read.n; i++) {
-		const struct outbox_row *r = &c->read.rows[i];
-		const struct position_seen *s = &c->seen[i];
+	for (i = 0; i < c->reads[c->cur].rows.n; i++) {
+		const struct outbox_row *r = &c->reads[c->cur].rows.rows[i];
+		const struct position_seen *s = &c->reads[c->cur].seen[i];
 		unsigned f = r->ordering_key ? cursor_keys_get(&c->keys, r->ordering_key) : 0;
 
 		if (s->later || s->dead || s->held || (f & CURSOR_KEY_PASSED)) {
@@ -220,7 +236,7 @@ static int build(struct cursor *c, size_t *n)
 		}
 		c->read_pos = r->seq;
 	}
-	if (i == c->read.n && !c->read_full && c->read_fence > c->read_pos)
+	if (i == c->reads[c->cur].rows.n && !c->read_full && c->read_fence > c->read_pos)
 		c->read_pos = c->read_fence;
 	*n = k;
 	return 0;
@@ -238,22 +254,58 @@ static void hand_out(struct cursor *c, const struct outbox_row *rows, size_t n, 
 	*out = &c->view;
 }
 
-/* Reads above the position and hands out what may go. */
+/* The read fetched ahead, once its answer is in. */
+static int collect_ahead(struct cursor *c)
+{
+	struct cursor_read *r = &c->reads[1 - c->cur];
+	int rc;
+
+	if (c->ahead != AHEAD_SENT)
+		return 0;
+	c->ahead = AHEAD_NONE;
+	rc = position_read_recv(c->store, &r->rows, &r->seen, &r->seen_cap);
+	if (rc != 0)
+		return fail(c, SOURCE_STEP_READING, rc);
+	c->ahead = AHEAD_READY;
+	return 0;
+}
+
+/* Forgets the read fetched ahead (its rows are read again); *n gets how many it had. */
+static int drop_ahead(struct cursor *c, size_t *n)
+{
+	int rc = collect_ahead(c);
+
+	*n = c->ahead == AHEAD_READY ? c->reads[1 - c->cur].rows.n : 0;
+	c->ahead = AHEAD_NONE;
+	return rc;
+}
+
+/* Reads above the position (or takes the read fetched ahead) and hands out what may go. */
 static int read_next(struct cursor *c, const struct source_batch **out)
 {
 	int64_t fence = store_watermark_safe(c->store);
 	int limit = c->o.store.batch_size;
+	struct cursor_read *r;
 	size_t n;
 	int rc;
 
-	if (fence < c->read_pos)
-		fence = c->read_pos;
-	rc = position_read(c->store, c->read_pos, fence, limit, &c->read, &c->seen, &c->seen_cap);
-	if (rc != 0)
-		return fail(c, SOURCE_STEP_READING, rc);
+	if (c->ahead == AHEAD_READY) {
+		c->cur = 1 - c->cur;
+		c->ahead = AHEAD_NONE;
+		r = &c->reads[c->cur];
+	} else {
+		r = &c->reads[c->cur];
+		r->fence = fence < c->read_pos ? c->read_pos : fence;
+		rc = position_read(c->store, c->read_pos, r->fence, limit, &r->rows, &r->seen,
+		                   &r->seen_cap);
+		if (rc != 0)
+			return fail(c, SOURCE_STEP_READING, rc);
+	}
 	answered(c);
-	c->read_fence = fence;
-	c->read_full = c->read.n == (size_t)limit;
+	c->read_fence = r->fence;
+	c->read_full = r->rows.n == (size_t)limit;
+	if (r->rows.n > 0)
+		c->pause_ms = 1; /* rows are flowing: the watermark moves as often as they come */
 	if ((rc = build(c, &n)) != 0)
 		return fail(c, SOURCE_STEP_READING, rc);
 	if (n == 0)
@@ -349,9 +401,18 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 
 int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 {
-	(void)c;
-	(void)b;
-	return 0; /* the next read is cheap: it runs when asked for */
+	struct cursor_read *r = &c->reads[1 - c->cur];
+	int64_t fence = store_watermark_safe(c->store);
+	int rc;
+
+	if (!c->out || c->out_lane || b != &c->view || c->ahead != AHEAD_NONE || !c->leader)
+		return 0;
+	r->fence = fence < c->read_pos ? c->read_pos : fence;
+	rc = position_read_send(c->store, c->read_pos, r->fence, c->o.store.batch_size);
+	if (rc != 0)
+		return fail(c, SOURCE_STEP_READING, rc);
+	c->ahead = AHEAD_SENT;
+	return 0;
 }
 
 /* ---- settling ---- */
@@ -423,6 +484,8 @@ static int settle_read(struct cursor *c, const struct source_batch *b,
 			published++;
 			continue;
 		}
+		if (b->rows[i].ordering_key)
+			c->passes_keyed = true;
 		if (f->outcome == SOURCE_FAILED) {
 			p.error = f->error;
 			p.delay_ms = f->delay_ms;
@@ -460,16 +523,35 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 		return store_connected(c->store) ? settle_lane(c, fates) : 0;
 	if ((rc = settle_read(c, b, fates)) != 0)
 		return fail(c, SOURCE_STEP_MOVING, rc);
-	if (!store_connected(c->store) || !c->leader)
-		return 0; /* owed: moved once this relay leads again from the same position */
+	if (!store_connected(c->store) || !c->leader) {
+		/* Owed: moved once this relay leads again from the same position. */
+		c->owed_across = c->n_unrecorded > 0;
+		return 0;
+	}
+	if ((rc = collect_ahead(c)) != 0)
+		return rc;
+	/* A keyed row passed: the read fetched ahead did not know its key waits behind it. */
+	if (c->passes_keyed)
+		c->ahead = AHEAD_NONE;
 	return flush(c);
+}
+
+/* Hands back the read fetched ahead (nothing to write: its rows are above the position). */
+static int hand_back(struct cursor *c)
+{
+	size_t n = 0;
+	int rc = drop_ahead(c, &n);
+
+	if (n && c->o.hooks.released)
+		c->o.hooks.released(c->o.hooks.arg, n);
+	return rc;
 }
 
 int cursor_pause(struct cursor *c)
 {
 	int rc = 0;
 
-	if (c->leader && store_connected(c->store))
+	if (c->leader && store_connected(c->store) && (rc = hand_back(c)) == 0)
 		rc = flush(c);
 	if (rc == 0 && store_connected(c->store) && store_wakeup_armed(c->store) &&
 	    (rc = position_disarm(c->store)) != 0)
@@ -479,9 +561,11 @@ int cursor_pause(struct cursor *c)
 
 int cursor_finish(struct cursor *c)
 {
-	if (c->leader && store_connected(c->store))
-		return flush(c);
-	return 0;
+	int rc = 0;
+
+	if (c->leader && store_connected(c->store) && (rc = hand_back(c)) == 0)
+		rc = flush(c);
+	return rc;
 }
 
 size_t cursor_owed(const struct cursor *c)
@@ -507,6 +591,9 @@ int cursor_connect(struct cursor *c)
 void cursor_disconnect(struct cursor *c)
 {
 	c->leader = false; /* the lead is a session lock: it ended with the session */
+	c->ahead = AHEAD_NONE;
+	if (c->n_unrecorded)
+		c->owed_across = true;
 	if (c->out && c->out_lane)
 		c->out = false; /* its rows come back by their lease */
 	store_disconnect(c->store);
@@ -583,7 +670,8 @@ struct cursor *cursor_new(const struct source_options *opts)
 	c->base.kind = SOURCE_CURSOR;
 	c->o = *opts;
 	c->pause_ms = 1;
-	store_batch_init(&c->read);
+	store_batch_init(&c->reads[0].rows);
+	store_batch_init(&c->reads[1].rows);
 	store_batch_init(&c->lane);
 	c->store = store_new(&c->o.store);
 	if (!c->store) {
@@ -598,11 +686,13 @@ void cursor_free(struct cursor *c)
 	if (!c)
 		return;
 	store_free(c->store);
-	store_batch_free(&c->read);
+	for (int i = 0; i < 2; i++) {
+		store_batch_free(&c->reads[i].rows);
+		free(c->reads[i].seen);
+	}
 	store_batch_free(&c->lane);
 	clear_passes(c);
 	free(c->passes);
-	free(c->seen);
 	free(c->rows);
 	cursor_keys_free(&c->keys);
 	free(c);

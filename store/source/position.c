@@ -249,27 +249,46 @@ nomem:
 	return STORE_ERR_NOMEM;
 }
 
-int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
-                  struct position_seen **seen, size_t *seen_cap)
+int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
 {
 	char a[24], f[24], l[24], m[24];
 	const char *params[5] = { a, f, l, m, s->opts.skip_dead ? "false" : "true" };
-	PGresult *res = NULL;
 	int rc;
 
-	out->n = 0;
 	if ((rc = prepared(s)) != 0)
 		return rc;
 	snprintf(a, sizeof(a), "%lld", (long long)after);
 	snprintf(f, sizeof(f), "%lld", (long long)fence);
 	snprintf(l, sizeof(l), "%d", limit);
 	snprintf(m, sizeof(m), "%d", s->opts.max_attempts);
-	if ((rc = store_exec_prepared(s, ST_POS_READ, 5, params, PGRES_TUPLES_OK, NULL, &res,
-	                              "could not read rows above the position")) != 0)
+	return store_send_prepared(s, ST_POS_READ, 5, params, STORE_INFLIGHT_CLAIM,
+	                           "could not read rows above the position");
+}
+
+int position_read_recv(struct store *s, struct store_batch *out, struct position_seen **seen,
+                       size_t *seen_cap)
+{
+	PGresult *res = store_collect(s);
+	int rc;
+
+	out->n = 0;
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		rc = store_result_error(s, res, "could not read rows above the position");
+		PQclear(res);
 		return rc;
+	}
 	rc = parse_read(s, res, out, seen, seen_cap);
 	PQclear(res);
 	return rc;
+}
+
+int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
+                  struct position_seen **seen, size_t *seen_cap)
+{
+	int rc = position_read_send(s, after, fence, limit);
+
+	out->n = 0;
+	return rc != 0 ? rc : position_read_recv(s, out, seen, seen_cap);
 }
 
 static int64_t pass_seq(const void *items, size_t i)

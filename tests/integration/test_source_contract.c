@@ -22,6 +22,7 @@ struct contract_source {
 };
 static const struct contract_source SOURCES[] = {
 	{ "lease", SOURCE_LEASE },
+	{ "cursor", SOURCE_CURSOR },
 };
 #define N_SOURCES (sizeof(SOURCES) / sizeof(SOURCES[0]))
 
