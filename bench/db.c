@@ -2,6 +2,7 @@
  * the database, each error reported once as the measurement's failure. */
 #include "bench/db.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +131,28 @@ int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err,
 	}
 	PQclear(r);
 	return rc;
+}
+
+size_t db_relay_sessions(PGconn *c, pid_t *pids)
+{
+	PGresult *r =
+	        PQexec(c, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+	                  " AND application_name LIKE 'outbox-relay%'");
+	size_t n = 0;
+
+	for (int i = 0;
+	     PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r) && n < DB_MAX_RELAY_SESSIONS;
+	     i++) {
+		char *end;
+		long pid;
+
+		errno = 0;
+		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
+		if (errno == 0 && *end == '\0' && pid > 0)
+			pids[n++] = (pid_t)pid;
+	}
+	PQclear(r);
+	return n;
 }
 
 void db_table_drop(PGconn *c, const char *table)

@@ -4,6 +4,7 @@
 #define OUTBOX_BENCH_DB_H
 
 #include <stddef.h>
+#include <sys/types.h>
 #include <libpq-fe.h>
 
 #include "bench/bench.h"
@@ -43,6 +44,12 @@ int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *t
  * so any thread may call it. */
 int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
         __attribute__((warn_unused_result));
+#define DB_MAX_RELAY_SESSIONS 16
+
+/* The server processes of the relays' sessions in this database now (their application_name
+ * starts with outbox-relay: workers and maintenance), at most DB_MAX_RELAY_SESSIONS into
+ * pids; how many (0 on any error, nothing reported). */
+size_t db_relay_sessions(PGconn *c, pid_t *pids);
 /* Drops table, its wake-up flag and its position; errors are ignored (the run is over for
  * it). */
 void db_table_drop(PGconn *c, const char *table);

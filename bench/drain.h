@@ -20,6 +20,10 @@ struct drain {
 	 * party, and the WAL (its pg_stat_wal part until the relay has stopped, when its
 	 * backends have reported). */
 	struct cpu_cost cpu;
+	/* Of cpu.pg_us, what the relay's own sessions spent (from their start, after the
+	 * drain's): the rest is the server's other processes (autovacuum, checkpointer, WAL
+	 * writer) and the consumer's share of nothing. NAN when unknown. */
+	double pg_relay_us;
 	struct wal_cost wal;
 	struct wal_cost fill_wal; /* per row, of the pre-fill (no breakdown) */
 };

@@ -117,32 +117,6 @@ struct session_cpu {
 	double relays_s;    /* NAN as well without relay sessions */
 };
 
-#define MAX_RELAY_SESSIONS 16
-
-/* The server processes of the relays' sessions in this database (their application_name
- * starts with outbox-relay: workers and maintenance); how many. */
-static size_t relay_sessions(PGconn *c, pid_t *pids)
-{
-	PGresult *r =
-	        PQexec(c, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-	                  " AND application_name LIKE 'outbox-relay%'");
-	size_t n = 0;
-
-	for (int i = 0;
-	     PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r) && n < MAX_RELAY_SESSIONS;
-	     i++) {
-		char *end;
-		long pid;
-
-		errno = 0;
-		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
-		if (errno == 0 && *end == '\0' && pid > 0)
-			pids[n++] = (pid_t)pid;
-	}
-	PQclear(r);
-	return n;
-}
-
 /* Prints " <label> <us> us" for s seconds over n commits, or " <label> unknown". */
 static void session_us(const char *label, double s, long n)
 {
@@ -161,7 +135,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
                           int ntables, int64_t run_us, PGconn *listener, long *notifies,
                           struct session_cpu *sc)
 {
-	pid_t mine[PRODUCERS], relays[MAX_RELAY_SESSIONS];
+	pid_t mine[PRODUCERS], relays[DB_MAX_RELAY_SESSIONS];
 	size_t n_relays = 0;
 	double mine0 = NAN, relays0 = NAN;
 	const char *what = b->what;
@@ -198,7 +172,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 		for (int i = 0; i < PRODUCERS; i++)
 			mine[i] = (pid_t)atomic_load(&pr[i].backend);
 		mine0 = cpu_pids_s(mine, PRODUCERS);
-		n_relays = relay_sessions(sc->c, relays);
+		n_relays = db_relay_sessions(sc->c, relays);
 		relays0 = cpu_pids_s(relays, n_relays);
 	}
 	t0 = bench_mono_us();

@@ -412,16 +412,20 @@ void wal_cost(PGconn *c, const struct wal_point *a, const struct wal_point *z, l
 		breakdown(c, a->lsn, z->lsn, n, w);
 }
 
-/* Decimals that show v: whole bytes as a row writer's WAL reads best, but a writer per batch
- * (the cursor source) writes a fraction of a byte and record per message, which would print
- * as 0. */
-static int decimals(double v, int whole)
+/* The decimals that show v to two significant digits, min at least: whole bytes read best
+ * for a writer per row, but a writer per batch (the cursor source) writes a fraction of a
+ * byte and of a record per message, which would print as 0. */
+static int decimals(double v, int min)
 {
 	double a = fabs(v);
+	int d;
 
-	if (a == 0 || a >= 10)
-		return whole;
-	return a >= 0.1 ? whole + 2 : whole + 3;
+	if (a == 0 || isnan(a) || a >= 10)
+		return min;
+	d = (int)ceil(-log10(a)) + 1;
+	if (d > 6)
+		d = 6;
+	return d > min ? d : min;
 }
 
 void wal_print(const char *what, const char *unit, const char *note, const struct wal_cost *w)
