@@ -299,18 +299,22 @@ int command_keys(const struct config *cfg, int argc, char **argv)
  * until when, and how to wait or force. */
 static void say_leased(const char *name, bool requeue, const struct store_ids_outcome *o)
 {
-	fprintf(stderr,
-	        "outbox-relay: %s: nothing was changed: %" PRId64 " row%s %s under a relay's "
-	        "lease:",
-	        name, o->leased, o->leased == 1 ? "" : "s", o->leased == 1 ? "is" : "are");
-	for (size_t i = 0; i < o->n_listed; i++)
-		fprintf(stderr, "%s '%s' (leased by '%s' until %s)", i ? "," : "", o->listed[i].id,
-		        o->listed[i].locked_by, o->listed[i].locked_until);
+	fprintf(stderr, "outbox-relay: %s: nothing was changed: %" PRId64 " row%s %s %s:", name,
+	        o->leased, o->leased == 1 ? "" : "s", o->leased == 1 ? "is" : "are",
+	        o->ahead ? "in a relay's hands" : "under a relay's lease");
+	for (size_t i = 0; i < o->n_listed; i++) {
+		if (o->listed[i].ahead)
+			fprintf(stderr, "%s '%s' (above the cursor source's position %" PRId64 ")",
+			        i ? "," : "", o->listed[i].id, o->position);
+		else
+			fprintf(stderr, "%s '%s' (leased by '%s' until %s)", i ? "," : "",
+			        o->listed[i].id, o->listed[i].locked_by, o->listed[i].locked_until);
+	}
 	if ((int64_t)o->n_listed < o->leased)
 		fprintf(stderr, " and %" PRId64 " more", o->leased - (int64_t)o->n_listed);
-	fprintf(stderr,
-	        "; run the command again once the lease has ended (the relay publishes the row or "
-	        "lets it go), or add --force to %s\n",
+	fprintf(stderr, "; run the command again once %s, or add --force to %s\n",
+	        o->ahead ? "the relay has passed the row (it publishes it or sets it aside)"
+	                 : "the lease has ended (the relay publishes the row or lets it go)",
 	        requeue ? "reset it now and let that relay finish with it first"
 	                : "delete it now (the relay may still publish it once: it has it in hand)");
 }

@@ -207,6 +207,17 @@ static void on_released(void *arg, size_t rows)
 	atomic_fetch_add_explicit(&g_metrics.released, rows, memory_order_relaxed);
 }
 
+static void on_lead(void *arg, bool leading, int64_t position)
+{
+	struct worker *w = arg;
+
+	if (leading)
+		log_event(LOG_INFO, w->component, "leading the table",
+		          LOG_INT("position", position));
+	else
+		log_event(LOG_INFO, w->component, "another relay leads the table, standing by");
+}
+
 static void on_answered(void *arg)
 {
 	struct worker *w = arg;
@@ -227,6 +238,7 @@ struct source_hooks worker_source_hooks(struct worker *w)
 		.repaid = on_repaid,
 		.unheld = on_unheld,
 		.released = on_released,
+		.lead = on_lead,
 		.answered = on_answered,
 		.tick = on_tick,
 	};

@@ -170,6 +170,24 @@ static void ignore_notice(void *arg, const char *message)
 	(void)message;
 }
 
+/* The lease source on a table the cursor source runs would take every row behind the
+ * position for unpublished (nothing is written in a row the cursor publishes) and publish
+ * them all again. */
+static int refuse_cursor_table(struct store *s)
+{
+	bool cursor = false;
+	int64_t pos = 0;
+	int rc = store_cursor_position(s, &cursor, &pos);
+
+	if (rc != 0 || !cursor)
+		return rc;
+	store_set_error(s,
+	                "%s is run by the cursor source (relay.source = cursor): its published "
+	                "rows carry no published_at; set relay.source = cursor",
+	                s->table);
+	return STORE_ERR_FATAL;
+}
+
 /* Relay mode: say plainly what is missing rather than failing later on a prepare. The wake-up
  * trigger is looked at too, but only noted (store_wakeup_current()): without it the relay
  * still works, finding new rows by polling. A trigger wakes relays when it tests their lock,
@@ -231,7 +249,7 @@ static int check_table(struct store *s)
 		rc = STORE_ERR_FATAL;
 		goto out;
 	}
-	rc = 0;
+	rc = s->opts.cursor ? 0 : refuse_cursor_table(s);
 out:
 	PQclear(res);
 	return rc;

@@ -49,6 +49,10 @@ struct store_options {
 	                            alone); 0 = no limit */
 	bool admin;              /* CLI/maintenance use: store_connect() neither prepares the
 	                            relay statements, checks the table, nor LISTENs */
+	/* Opened for the cursor source (relay.source = cursor). Otherwise (the lease source)
+	 * store_connect() refuses a table the cursor source runs: its published rows carry no
+	 * published_at, so the lease source would publish them all again. */
+	bool cursor;
 	/* Shutdown: when non-NULL and *deadline_ms != 0, an absolute CLOCK_MONOTONIC time in ms
 	 * after which every wait (connecting, sending, an answer) gives up with
 	 * STORE_ERR_ABORTED. wake_fd (-1 = none) becomes readable once *deadline_ms is set, so

@@ -131,6 +131,7 @@ struct store {
 
 	bool prepared;          /* the relay statements exist on this connection */
 	bool position_prepared; /* ... and the cursor source's (store/source/position.c) */
+	int64_t move_from;      /* the position the move on the wire starts from */
 	enum store_inflight inflight;
 	int64_t inflight_sent_ms; /* CLOCK_MONOTONIC send time of the request in flight */
 	bool no_answer;           /* the server did not answer within the answer timeout */
@@ -222,6 +223,15 @@ enum store_admin_sql {
 	STORE_SQL_BLOCKED,      /* store_blocked_keys(): as STORE_SQL_DEAD */
 	STORE_SQL_REQUEUE_DEAD, /* store_requeue(all_dead): $1 = max_attempts */
 	STORE_SQL_PURGE,        /* one slice of store_purge(): $1 = age in ms, $2 = slice size */
+	/* The same on a table the cursor source runs, the position last ($2, $3, $3, $2, $3);
+	 * and the purge's slice behind the position: $1 = age in ms, $2 = slice size, $3 = the
+	 * position, $4 = the last seq looked at. */
+	STORE_SQL_CURSOR_STATUS,
+	STORE_SQL_CURSOR_DEAD,
+	STORE_SQL_CURSOR_BLOCKED,
+	STORE_SQL_CURSOR_REQUEUE_DEAD,
+	STORE_SQL_CURSOR_PURGE,
+	STORE_SQL_CURSOR_PURGE_BEHIND,
 };
 /* Writes the text of statement which, exactly as the store runs it, into out[cap]: 0, or
  * STORE_ERR_FATAL when it does not fit. */
@@ -327,6 +337,15 @@ int store_claim_token_next(struct store *s, char *out, size_t cap)
  * *ids (in STORE_SLOT_IDS). For the mark, and for the claim that carries one (claim.c). */
 int store_mark_params(struct store *s, const char *token, const int64_t *seqs, size_t n,
                       const char **ids) __attribute__((warn_unused_result));
+
+/* ---- position.c: the cursor source's position ---- */
+/* The position table beside the outbox table ("app.outbox" -> "app.outbox_position"). */
+#define STORE_POSITION_SUFFIX "_position"
+/* Whether the cursor source runs the table: *cursor true and *pos its position when
+ * <table>_position has the row of stream 'main'; false (lease mode) when the table or the row
+ * is missing. 0 or an error. */
+int store_cursor_position(struct store *s, bool *cursor, int64_t *pos)
+        __attribute__((warn_unused_result));
 
 /* ---- statements.c ---- */
 /* Prepares the relay's statements on this connection unless done (admin handles prepare on

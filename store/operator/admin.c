@@ -9,15 +9,25 @@
 
 #include "store/store.h"
 #include "store/operator/admin.h"
+#include "store/operator/admin_private.h"
 #include "store/store_private.h"
 
-#define ADMIN_SQL_MAX 4096
+/* Which source runs the table, read anew by every command (the first cursor relay that leads
+ * the table writes the position row): the lease source (cursor false), or the cursor source
+ * at position pos, whose text p[24] is ready for a parameter. */
+struct mode {
+	bool cursor;
+	int64_t pos;
+	char p[24];
+};
 
-/* ISO 8601 in UTC, so the CLI output does not depend on the session's time zone. */
-#define ISO(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+static int read_mode(struct store *s, struct mode *m)
+{
+	int rc = store_cursor_position(s, &m->cursor, &m->pos);
 
-/* A row a relay (or a replay) holds right now: its claim's token, and the lease not run out. */
-#define STORE_LIVE_LEASE "(locked_by IS NOT NULL AND locked_until >= now())"
+	snprintf(m->p, sizeof(m->p), "%lld", (long long)m->pos);
+	return rc;
+}
 
 static int parse_double(const char *v, double *out)
 {
@@ -96,13 +106,65 @@ static int status_sql(struct store *s, char *sql, size_t cap)
 	        cte, s->table, s->table, s->table);
 }
 
+/* Reads status_sql()'s answer (or the cursor's) into r and the table's size into *pages. */
+static int parse_status(struct store *s, const PGresult *res, struct store_status *r,
+                        int64_t *pages)
+{
+	if (PQntuples(res) != 1 || store_parse_int64(PQgetvalue(res, 0, 0), &r->pending) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 1), &r->leased) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 2), &r->dead) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 3), &r->published) != 0 ||
+	    parse_double(PQgetvalue(res, 0, 4), &r->oldest_pending_age_s) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 5), &r->blocked_keys) != 0 ||
+	    store_parse_int64(PQgetvalue(res, 0, 8), pages) != 0) {
+		store_set_error(s, "status query returned something unreadable");
+		return STORE_ERR_QUERY;
+	}
+	if (!PQgetisnull(res, 0, 6)) {
+		snprintf(r->oldest_blocked_key, sizeof(r->oldest_blocked_key), "%s",
+		         PQgetvalue(res, 0, 6));
+		if (parse_double(PQgetvalue(res, 0, 7), &r->oldest_blocked_age_s) != 0)
+			r->oldest_blocked_age_s = 0;
+	}
+	if (r->oldest_pending_age_s < 0)
+		r->oldest_pending_age_s = 0;
+	return 0;
+}
+
+/* The published rows of a small table, counted. */
+static int count_published(struct store *s, const struct mode *m, int64_t *out)
+{
+	char sql[ADMIN_SQL_MAX];
+	const char *params[1] = { m->p };
+	PGresult *res = NULL;
+	int rc;
+
+	rc = m->cursor ? admin_cursor_count_published_sql(s, sql, sizeof(sql))
+	               : store_format_sql(s, sql, sizeof(sql),
+	                                  "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
+	                                  s->table);
+	if (rc != 0)
+		return rc;
+	rc = store_exec(s, sql, m->cursor ? 1 : 0, params, PGRES_TUPLES_OK, &res,
+	                "could not count published rows");
+	if (rc != 0)
+		return rc;
+	if (store_parse_int64(PQgetvalue(res, 0, 0), out) != 0) {
+		store_set_error(s, "status query returned something unreadable");
+		rc = STORE_ERR_QUERY;
+	}
+	PQclear(res);
+	return rc;
+}
+
 /* The published count is an estimate on a table of more than COUNT_PUBLISHED_MAX_PAGES pages
  * (see status_sql()); on a smaller one a second statement counts it, reading at most that many
- * pages. */
+ * pages. On a table the cursor source runs, by its definitions (admin_cursor.c). */
 int store_status(struct store *s, struct store_status *st)
 {
 	char sql[ADMIN_SQL_MAX * 2], max[16];
-	const char *params[1] = { max };
+	struct mode m;
+	const char *params[2] = { max, m.p };
 	struct store_status r;
 	PGresult *res = NULL;
 	int64_t pages = 0;
@@ -110,47 +172,18 @@ int store_status(struct store *s, struct store_status *st)
 
 	memset(&r, 0, sizeof(r));
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	if ((rc = status_sql(s, sql, sizeof(sql))) != 0)
+	if ((rc = read_mode(s, &m)) != 0)
 		goto out;
-	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the status");
+	rc = m.cursor ? admin_cursor_status_sql(s, sql, sizeof(sql))
+	              : status_sql(s, sql, sizeof(sql));
 	if (rc != 0)
 		goto out;
-	if (PQntuples(res) != 1 || store_parse_int64(PQgetvalue(res, 0, 0), &r.pending) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 1), &r.leased) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 2), &r.dead) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 3), &r.published) != 0 ||
-	    parse_double(PQgetvalue(res, 0, 4), &r.oldest_pending_age_s) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 5), &r.blocked_keys) != 0 ||
-	    store_parse_int64(PQgetvalue(res, 0, 8), &pages) != 0) {
-		store_set_error(s, "status query returned something unreadable");
-		rc = STORE_ERR_QUERY;
+	rc = store_exec(s, sql, m.cursor ? 2 : 1, params, PGRES_TUPLES_OK, &res,
+	                "could not read the status");
+	if (rc != 0 || (rc = parse_status(s, res, &r, &pages)) != 0)
 		goto out;
-	}
-	if (!PQgetisnull(res, 0, 6)) {
-		snprintf(r.oldest_blocked_key, sizeof(r.oldest_blocked_key), "%s",
-		         PQgetvalue(res, 0, 6));
-		if (parse_double(PQgetvalue(res, 0, 7), &r.oldest_blocked_age_s) != 0)
-			r.oldest_blocked_age_s = 0;
-	}
-	if (r.oldest_pending_age_s < 0)
-		r.oldest_pending_age_s = 0;
-	if (pages <= COUNT_PUBLISHED_MAX_PAGES) {
-		PQclear(res);
-		res = NULL;
-		if ((rc = store_format_sql(s, sql, sizeof(sql),
-		                           "SELECT count(*) FROM %s WHERE published_at IS NOT NULL",
-		                           s->table)) != 0)
-			goto out;
-		rc = store_exec(s, sql, 0, NULL, PGRES_TUPLES_OK, &res,
-		                "could not count published rows");
-		if (rc != 0)
-			goto out;
-		if (store_parse_int64(PQgetvalue(res, 0, 0), &r.published) != 0) {
-			store_set_error(s, "status query returned something unreadable");
-			rc = STORE_ERR_QUERY;
-			goto out;
-		}
-	}
+	if (pages <= COUNT_PUBLISHED_MAX_PAGES && (rc = count_published(s, &m, &r.published)) != 0)
+		goto out;
 	*st = r;
 	rc = 0;
 out:
@@ -189,16 +222,13 @@ static char *dup_value(const PGresult *res, int row, int col, bool *failed)
 	return v;
 }
 
-/* Columns: id, exchange, routing key, ordering key, last_error, attempts, created, available. */
-#define LIST_COLUMNS                                                                \
-	"id, exchange_name, routing_key, ordering_key, last_error, attempts, " ISO( \
-	        "created_at") ", " ISO("available_at")
-
-static int run_list(struct store *s, const char *sql, size_t limit, struct store_list *out,
-                    const char *what)
+/* Runs a list statement: $1 = max_attempts, $2 = limit, $3 = the position (pos NULL: a lease
+ * table's statement, which has no $3). */
+static int run_list(struct store *s, const char *sql, size_t limit, const char *pos,
+                    struct store_list *out, const char *what)
 {
 	char max[16], lim[24];
-	const char *params[2] = { max, limit ? lim : NULL };
+	const char *params[3] = { max, limit ? lim : NULL, pos };
 	struct store_list l = { NULL, 0 };
 	PGresult *res = NULL;
 	bool failed = false;
@@ -206,7 +236,7 @@ static int run_list(struct store *s, const char *sql, size_t limit, struct store
 
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
 	snprintf(lim, sizeof(lim), "%zu", limit);
-	rc = store_exec(s, sql, 2, params, PGRES_TUPLES_OK, &res, what);
+	rc = store_exec(s, sql, pos ? 3 : 2, params, PGRES_TUPLES_OK, &res, what);
 	if (rc != 0)
 		goto out;
 	if (PQntuples(res) > 0) {
@@ -274,22 +304,31 @@ static int blocked_sql(struct store *s, char *sql, size_t cap)
 int store_dead(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX];
+	struct mode m;
 	int rc;
 
-	if ((rc = dead_sql(s, sql, sizeof(sql))) != 0)
+	if ((rc = read_mode(s, &m)) != 0)
 		return rc;
-	return run_list(s, sql, limit, out, "could not list dead rows");
+	rc = m.cursor ? admin_cursor_dead_sql(s, sql, sizeof(sql)) : dead_sql(s, sql, sizeof(sql));
+	if (rc != 0)
+		return rc;
+	return run_list(s, sql, limit, m.cursor ? m.p : NULL, out, "could not list dead rows");
 }
 
 /* Ownership: as store_dead(). */
 int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX * 2];
+	struct mode m;
 	int rc;
 
-	if ((rc = blocked_sql(s, sql, sizeof(sql))) != 0)
+	if ((rc = read_mode(s, &m)) != 0)
 		return rc;
-	return run_list(s, sql, limit, out, "could not list blocked keys");
+	rc = m.cursor ? admin_cursor_blocked_sql(s, sql, sizeof(sql))
+	              : blocked_sql(s, sql, sizeof(sql));
+	if (rc != 0)
+		return rc;
+	return run_list(s, sql, limit, m.cursor ? m.p : NULL, out, "could not list blocked keys");
 }
 
 static int changed_count(struct store *s, PGresult *res, int64_t *out)
@@ -303,9 +342,14 @@ static int changed_count(struct store *s, PGresult *res, int64_t *out)
 
 /* Every dead row (the unpublished rows' indexes), $1 = max_attempts; or the unpublished rows of
  * ids $1 (the primary key). A lease that has run out is cleared; a live one is kept (only a
- * forced requeue reaches such a row): its relay finishes with the row first. */
-static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
+ * forced requeue reaches such a row): its relay finishes with the row first. On a cursor
+ * table, the deferred dead rows (admin_cursor.c), or the unpublished rows of ids $1 by the
+ * cursor's definition, $2 = the position; deferred_at is kept, so that the cursor's exception
+ * path takes the row up. */
+static int requeue_sql(struct store *s, bool all_dead, bool cursor, char *sql, size_t cap)
 {
+	if (cursor && all_dead)
+		return admin_cursor_requeue_dead_sql(s, sql, cap);
 	return store_format_sql(
 	        s, sql, cap,
 	        "UPDATE %s SET attempts = 0, last_error = NULL, available_at = now(),"
@@ -313,6 +357,7 @@ static int requeue_sql(struct store *s, bool all_dead, char *sql, size_t cap)
 	        " locked_until = CASE WHEN " STORE_LIVE_LEASE " THEN locked_until END WHERE %s",
 	        s->table,
 	        all_dead ? STORE_UNPUBLISHED("") " AND attempts >= $1::int"
+	        : cursor ? CURSOR_UNPUBLISHED("$2") " AND id = ANY($1::text[])"
 	                 : "published_at IS NULL AND id = ANY($1::text[])");
 }
 
@@ -338,25 +383,36 @@ static void rollback(struct store *s)
 }
 
 #define LOCKED_UNTIL ISO("locked_until")
-#define LOCK_IDS_SQL                                                           \
-	"SELECT id, locked_by, " LOCKED_UNTIL ", " STORE_LIVE_LEASE " FROM %s" \
+#define LOCK_IDS_SQL                                                                  \
+	"SELECT id, locked_by, " LOCKED_UNTIL ", " STORE_LIVE_LEASE ", false FROM %s" \
 	" WHERE published_at IS NULL AND id = ANY($1::text[]) ORDER BY seq FOR UPDATE"
+/* On a cursor table, $2 = the position: a row above it is in the relay's hands. */
+#define LOCK_IDS_CURSOR_SQL                                                                 \
+	"SELECT id, locked_by, " LOCKED_UNTIL ", " STORE_LIVE_LEASE " OR seq > $2::bigint," \
+	" seq > $2::bigint FROM %s WHERE " CURSOR_UNPUBLISHED(                              \
+	        "$2") " AND id = ANY($1::text[]) ORDER BY seq FOR UPDATE"
 
 /* Locks the unpublished rows of ids ($1) against claims until the transaction ends, and fills o
- * with those under a live lease (a claim that is publishing them, or a replay's). */
-static int lock_ids(struct store *s, const char *const *params, struct store_ids_outcome *o)
+ * with those under a live lease (a claim that is publishing them, or a replay's) and, on a
+ * cursor table, those above its position. */
+static int lock_ids(struct store *s, const char *const *params, const struct mode *m,
+                    struct store_ids_outcome *o)
 {
 	char sql[ADMIN_SQL_MAX];
 	PGresult *res = NULL;
 	int rc;
 
-	if ((rc = store_format_sql(s, sql, sizeof(sql), LOCK_IDS_SQL, s->table)) != 0)
+	if ((rc = store_format_sql(s, sql, sizeof(sql),
+	                           m->cursor ? LOCK_IDS_CURSOR_SQL : LOCK_IDS_SQL, s->table)) != 0)
 		return rc;
-	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not read the rows");
+	rc = store_exec(s, sql, m->cursor ? 2 : 1, params, PGRES_TUPLES_OK, &res,
+	                "could not read the rows");
 	if (rc != 0)
 		return rc;
+	o->position = m->cursor ? m->pos : -1;
 	for (int i = 0; i < PQntuples(res); i++) {
 		struct store_leased *l;
+		bool ahead = PQgetvalue(res, i, 4)[0] == 't';
 
 		if (PQgetvalue(res, i, 3)[0] != 't')
 			continue;
@@ -366,8 +422,10 @@ static int lock_ids(struct store *s, const char *const *params, struct store_ids
 			snprintf(l->locked_by, sizeof(l->locked_by), "%s", PQgetvalue(res, i, 1));
 			snprintf(l->locked_until, sizeof(l->locked_until), "%s",
 			         PQgetvalue(res, i, 2));
+			l->ahead = ahead;
 		}
 		o->leased++;
+		o->ahead += ahead;
 	}
 	PQclear(res);
 	return 0;
@@ -380,7 +438,8 @@ static int ids_command(struct store *s, const char *const *ids, size_t n, bool f
                        struct store_ids_outcome *out)
 {
 	char sql[ADMIN_SQL_MAX];
-	const char *params[1];
+	struct mode m;
+	const char *params[2] = { NULL, m.p };
 	PGresult *res = NULL;
 	struct store_ids_outcome *o;
 	int rc;
@@ -394,23 +453,27 @@ static int ids_command(struct store *s, const char *const *ids, size_t n, bool f
 		goto done;
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc == 0)
-		rc = requeue ? requeue_sql(s, false, sql, sizeof(sql))
-		             : store_format_sql(s, sql, sizeof(sql),
-		                                "DELETE FROM %s WHERE published_at IS NULL"
-		                                " AND id = ANY($1::text[])",
-		                                s->table);
+		rc = read_mode(s, &m);
+	if (rc == 0)
+		rc = requeue ? requeue_sql(s, false, m.cursor, sql, sizeof(sql))
+		             : store_format_sql(
+		                       s, sql, sizeof(sql), "DELETE FROM %s WHERE %s", s->table,
+		                       m.cursor ? CURSOR_UNPUBLISHED("$2") " AND id = ANY($1"
+		                                                           "::text[])"
+		                                : "published_at IS NULL"
+		                                  " AND id = ANY($1::text[])");
 	if (rc != 0)
 		goto out;
 	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL,
 	                     requeue ? "could not requeue" : "could not discard")) != 0)
 		goto out;
-	if ((rc = lock_ids(s, params, o)) != 0)
+	if ((rc = lock_ids(s, params, &m, o)) != 0)
 		goto failed;
 	if (o->leased > 0 && !force) {
 		rollback(s);
 		goto done;
 	}
-	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res,
+	rc = store_exec(s, sql, m.cursor ? 2 : 1, params, PGRES_COMMAND_OK, &res,
 	                requeue ? "could not requeue" : "could not discard");
 	if (rc == 0)
 		rc = changed_count(s, res, &o->changed);
@@ -457,7 +520,14 @@ static int ids_counted(struct store *s, const char *const *ids, size_t n, bool r
 		return STORE_ERR_NOMEM;
 	}
 	rc = ids_command(s, ids, n, false, requeue, o);
-	if (rc == 0 && o->leased > 0) {
+	if (rc == 0 && o->listed[0].ahead) {
+		store_set_error(
+		        s,
+		        "%lld row(s) are in the relay's hands (first: '%s', above the cursor "
+		        "source's position %lld); nothing was changed",
+		        (long long)o->leased, o->listed[0].id, (long long)o->position);
+		rc = STORE_ERR_QUERY;
+	} else if (rc == 0 && o->leased > 0) {
 		store_set_error(s,
 		                "%lld row(s) are under a relay's lease (first: '%s' by '%s' until "
 		                "%s); nothing was changed",
@@ -476,7 +546,8 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
                   int64_t *n_changed)
 {
 	char sql[ADMIN_SQL_MAX], max[16];
-	const char *params[1] = { max };
+	struct mode m;
+	const char *params[2] = { max, m.p };
 	PGresult *res = NULL;
 	int64_t changed = 0;
 	int rc;
@@ -484,9 +555,11 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 	if (!all_dead)
 		return ids_counted(s, ids, n, true, n_changed);
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	if ((rc = requeue_sql(s, all_dead, sql, sizeof(sql))) != 0)
+	if ((rc = read_mode(s, &m)) != 0 ||
+	    (rc = requeue_sql(s, all_dead, m.cursor, sql, sizeof(sql))) != 0)
 		goto out;
-	rc = store_exec(s, sql, 1, params, PGRES_COMMAND_OK, &res, "could not requeue");
+	rc = store_exec(s, sql, m.cursor ? 2 : 1, params, PGRES_COMMAND_OK, &res,
+	                "could not requeue");
 	if (rc != 0)
 		goto out;
 	if ((rc = changed_count(s, res, &changed)) != 0)
@@ -510,20 +583,25 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
  * published index (created by migrate) from its oldest entry, so a slice reads about $2 index
  * entries and the last slice stops at the cut-off instead of walking every row kept for the
  * retention. The rows are deleted by their tuple ids (a TID scan, whatever the planner
- * thinks of the rest of the table). $1 = age in ms, $2 = slice size. */
-static int purge_sql(struct store *s, char *sql, size_t cap)
+ * thinks of the rest of the table). $1 = age in ms, $2 = slice size. On a cursor table the
+ * rows that carry published_at (deferred rows its exception path published, and rows the lease
+ * source published before), never one above the position, $3. */
+static int purge_sql(struct store *s, bool cursor, char *sql, size_t cap)
 {
-	return store_format_sql(s, sql, cap,
-	                        "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
-	                        " WHERE published_at IS NOT NULL"
-	                        " AND published_at < now() - $1::bigint * interval '1 millisecond'"
-	                        " ORDER BY published_at LIMIT $2::int))"
-	                        /* Checked again on the row it deletes: a row made pending meanwhile
-	                  * (a replay) must stay, also on servers whose TID scan does not
-	                  * re-check a row changed under it (before the 2025 minor releases). */
-	                        " AND published_at IS NOT NULL"
-	                        " AND published_at < now() - $1::bigint * interval '1 millisecond'",
-	                        s->table, s->table);
+	const char *behind = cursor ? " AND seq <= $3::bigint" : "";
+
+	return store_format_sql(
+	        s, sql, cap,
+	        "DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s"
+	        " WHERE published_at IS NOT NULL"
+	        " AND published_at < now() - $1::bigint * interval '1 millisecond'%s"
+	        " ORDER BY published_at LIMIT $2::int))"
+	        /* Checked again on the row it deletes: a row made pending meanwhile
+	                         * (a replay) must stay, also on servers whose TID scan does not
+	                         * re-check a row changed under it (before the 2025 minor releases). */
+	        " AND published_at IS NOT NULL"
+	        " AND published_at < now() - $1::bigint * interval '1 millisecond'%s",
+	        s->table, s->table, behind, behind);
 }
 
 int store_admin_sql(struct store *s, enum store_admin_sql which, char *out, size_t cap)
@@ -536,27 +614,47 @@ int store_admin_sql(struct store *s, enum store_admin_sql which, char *out, size
 	case STORE_SQL_BLOCKED:
 		return blocked_sql(s, out, cap);
 	case STORE_SQL_REQUEUE_DEAD:
-		return requeue_sql(s, true, out, cap);
+		return requeue_sql(s, true, false, out, cap);
 	case STORE_SQL_PURGE:
-		return purge_sql(s, out, cap);
+		return purge_sql(s, false, out, cap);
+	case STORE_SQL_CURSOR_STATUS:
+		return admin_cursor_status_sql(s, out, cap);
+	case STORE_SQL_CURSOR_DEAD:
+		return admin_cursor_dead_sql(s, out, cap);
+	case STORE_SQL_CURSOR_BLOCKED:
+		return admin_cursor_blocked_sql(s, out, cap);
+	case STORE_SQL_CURSOR_REQUEUE_DEAD:
+		return admin_cursor_requeue_dead_sql(s, out, cap);
+	case STORE_SQL_CURSOR_PURGE:
+		return purge_sql(s, true, out, cap);
+	case STORE_SQL_CURSOR_PURGE_BEHIND:
+		return admin_cursor_purge_sql(s, out, cap);
 	}
 	store_set_error(s, "no such statement");
 	return STORE_ERR_FATAL;
 }
 
 /* Deletes in slices of `batch` rows, each its own short transaction, so that the purge
- * never holds many row locks or one long snapshot while the relay works. */
+ * never holds many row locks or one long snapshot while the relay works. On a cursor table,
+ * first the rows it published behind its position (admin_cursor_purge()), then the rows that
+ * carry published_at. */
 int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                 int64_t *n_deleted)
 {
 	char sql[ADMIN_SQL_MAX], age[24], lim[16];
-	const char *params[2] = { age, lim };
+	struct mode m;
+	const char *params[3] = { age, lim, m.p };
 	int64_t total = 0;
 	int rc;
 
 	snprintf(age, sizeof(age), "%lld", (long long)(older_than_ms > 0 ? older_than_ms : 0));
 	snprintf(lim, sizeof(lim), "%d", batch > 0 ? batch : 1000);
-	if ((rc = purge_sql(s, sql, sizeof(sql))) != 0)
+	if ((rc = read_mode(s, &m)) != 0)
+		return rc;
+	if (m.cursor &&
+	    (rc = admin_cursor_purge(s, m.pos, older_than_ms, batch, stop, &total)) != 0)
+		return rc;
+	if ((rc = purge_sql(s, m.cursor, sql, sizeof(sql))) != 0)
 		return rc;
 	for (;;) {
 		PGresult *res = NULL;
@@ -564,7 +662,8 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
 
 		if (stop && atomic_load(stop))
 			break;
-		rc = store_exec(s, sql, 2, params, PGRES_COMMAND_OK, &res, "could not purge");
+		rc = store_exec(s, sql, m.cursor ? 3 : 2, params, PGRES_COMMAND_OK, &res,
+		                "could not purge");
 		if (rc != 0)
 			return rc;
 		rc = changed_count(s, res, &n);

@@ -49,17 +49,25 @@ int store_discard(struct store *s, const char *const *ids, size_t n, int64_t *n_
 
 /* An operator's command never races a relay: a row under a live lease (locked_by set and
  * locked_until not passed: a relay is publishing it, or a replay holds it) is refused unless
- * forced. What the by-id commands below found. */
+ * forced; so is, on a table the cursor source runs, a row above its position (its leader may
+ * be publishing it right now). What the by-id commands below found. On such a table
+ * "unpublished" and "dead" are the cursor's (docs/design.md): the commands act on deferred
+ * unpublished rows as on unpublished rows of a lease table; requeue keeps deferred_at, so that
+ * the cursor's exception path takes the row up; --all-dead leaves rows above the position to
+ * the relay. */
 #define STORE_LEASED_MAX 20
 struct store_leased {
 	char id[257]; /* VARCHAR(64): up to 64 characters of up to 4 bytes */
 	char locked_by[257];
 	char locked_until[32]; /* ISO 8601, UTC */
+	bool ahead;            /* above the cursor source's position (no lease: its leader's) */
 };
 struct store_ids_outcome {
-	int64_t changed; /* rows requeued or deleted */
-	int64_t leased;  /* rows among the ids under a live lease */
-	size_t n_listed; /* the first STORE_LEASED_MAX of them, oldest first */
+	int64_t changed;  /* rows requeued or deleted */
+	int64_t leased;   /* rows among the ids under a live lease, or in the cursor's hands */
+	int64_t ahead;    /* of those, rows above the cursor source's position */
+	int64_t position; /* the cursor source's position; -1: the lease source runs the table */
+	size_t n_listed;  /* the first STORE_LEASED_MAX of them, oldest first */
 	struct store_leased listed[STORE_LEASED_MAX];
 };
 /* In one transaction, the unpublished rows of ids (borrowed) are locked against claims and

@@ -27,6 +27,29 @@
 #define ISO_MS(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 #define ISO_US(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
+/* Which source runs the table, read anew by every statement that needs it: on a table the
+ * cursor source runs (its position row exists), with pos its position (docs/design.md),
+ *   published   = (seq <= pos AND deferred_at IS NULL) OR published_at IS NOT NULL
+ *   unpublished = published_at IS NULL AND (seq > pos OR deferred_at IS NOT NULL)
+ * and rows above the position are in its leader's hands. p is pos as a parameter's text. */
+struct mode {
+	bool cursor;
+	int64_t pos;
+	char p[24];
+};
+
+static int read_mode(struct store *s, struct mode *m)
+{
+	int rc = store_cursor_position(s, &m->cursor, &m->pos);
+
+	snprintf(m->p, sizeof(m->p), "%lld", (long long)m->pos);
+	return rc;
+}
+
+/* A published row of a cursor table, the position being parameter $1. */
+#define CURSOR_PUBLISHED_1 \
+	"((o.seq <= $1::bigint AND o.deferred_at IS NULL) OR o.published_at IS NOT NULL)"
+
 /* Ends the transaction a failed step began, keeping the failure's message. */
 static void rollback(struct store *s)
 {
@@ -138,29 +161,40 @@ static int add_cond(struct store *s, char *sql, size_t cap, const char **params,
 }
 
 /* The selection, fixed now: rows published later, or replayed while this replay waits for a
- * key, do not join it. On published_at it walks the purge's index of published rows. */
+ * key, do not join it. On published_at it walks the purge's index of published rows. On a
+ * cursor table the rows it published carry no published_at: a time on published_at selects
+ * them by created_at (they went out about then), and the selection reads the table. */
 int store_replay_select(struct store *s, const struct store_replay_filter *f, int64_t *n_rows)
 {
 	char sql[REPLAY_SQL_MAX];
-	const char *params[6];
+	const char *params[7];
+	struct mode m;
 	const char *col = f->by_created ? "o.created_at" : "o.published_at";
-	char since[32], until[32];
+	char since[64], until[64];
 	const char *ids = NULL;
 	PGresult *res = NULL;
 	int64_t n = 0;
 	int np = 0, rc;
 
+	if ((rc = read_mode(s, &m)) != 0)
+		return rc;
+	if (m.cursor) {
+		params[np++] = m.p;
+		if (!f->by_created)
+			col = "COALESCE(o.published_at, o.created_at)";
+	}
 	snprintf(since, sizeof(since), "%s >= ", col);
 	snprintf(until, sizeof(until), "%s < ", col);
 	if (f->n_ids > 0 && (rc = store_text_array(s, STORE_SLOT_IDS, f->ids, f->n_ids,
 	                                           store_string_at, false, &ids)) != 0)
 		return rc;
 	/* '!' escapes the LIKE pattern: a backslash would depend on standard_conforming_strings. */
-	if ((rc = store_format_sql(s, sql, sizeof(sql),
-	                           "INSERT INTO " SEL
-	                           " (seq, ordering_key) SELECT o.seq, o.ordering_key"
-	                           " FROM %s o WHERE o.published_at IS NOT NULL",
-	                           s->table)) != 0 ||
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "INSERT INTO " SEL " (seq, ordering_key) SELECT o.seq, o.ordering_key"
+	             " FROM %s o WHERE %s",
+	             s->table, m.cursor ? CURSOR_PUBLISHED_1 : "o.published_at IS NOT NULL")) !=
+	            0 ||
 	    (rc = add_cond(s, sql, sizeof(sql), params, &np, "o.id = ANY(", "::text[])", ids)) !=
 	            0 ||
 	    (rc = add_cond(s, sql, sizeof(sql), params, &np, since, "::timestamptz", f->since)) !=
@@ -254,28 +288,34 @@ int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, 
                              void *arg)
 {
 	char sql[REPLAY_SQL_MAX];
-	const char *params[1];
+	struct mode m;
+	const char *params[2] = { NULL, m.p };
 	PGresult *res = NULL;
 	int rc;
 
 	if (n == 0)
 		return 0;
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
+	if (rc == 0)
+		rc = read_mode(s, &m);
 	if (rc != 0)
 		return rc;
-	if ((rc = store_format_sql(
-	             s, sql, sizeof(sql),
-	             "SELECT i.id, NULL, NULL, NULL, NULL, NULL, CASE"
-	             " WHEN o.id IS NULL THEN 'not in the table'"
-	             " WHEN o.published_at IS NULL THEN 'not published (pending or dead)'"
-	             " ELSE 'published, but left out by the other filters' END"
-	             " FROM unnest($1::text[]) WITH ORDINALITY AS i(id, n)"
-	             " LEFT JOIN %s o ON o.id = i.id"
-	             " WHERE o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM " SEL
-	             " r WHERE r.seq = o.seq) ORDER BY i.n",
-	             s->table)) != 0)
+	if ((rc = store_format_sql(s, sql, sizeof(sql),
+	                           "SELECT i.id, NULL, NULL, NULL, NULL, NULL, CASE"
+	                           " WHEN o.id IS NULL THEN 'not in the table'"
+	                           " WHEN %s THEN 'not published (pending or dead)'"
+	                           " ELSE 'published, but left out by the other filters' END"
+	                           " FROM unnest($1::text[]) WITH ORDINALITY AS i(id, n)"
+	                           " LEFT JOIN %s o ON o.id = i.id"
+	                           " WHERE o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM " SEL
+	                           " r WHERE r.seq = o.seq) ORDER BY i.n",
+	                           m.cursor ? "o.published_at IS NULL AND (o.seq > $2::bigint"
+	                                      " OR o.deferred_at IS NOT NULL)"
+	                                    : "o.published_at IS NULL",
+	                           s->table)) != 0)
 		return rc;
-	rc = store_exec(s, sql, 1, params, PGRES_TUPLES_OK, &res, "could not look up the ids");
+	rc = store_exec(s, sql, m.cursor ? 2 : 1, params, PGRES_TUPLES_OK, &res,
+	                "could not look up the ids");
 	if (rc != 0)
 		return rc;
 	rc = each_row(res, 7, fn, arg);
@@ -429,29 +469,53 @@ static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
  * published before the replayed rows. A row the replay changed is checked again against the
  * claim's conditions (READ COMMITTED's recheck of an updated row), and a lease that ends
  * after the claim began fails them. release_parked() hands the rows back after the commit.
- * $1 = token, $2 = lease in ms. */
-static int park_keys(struct store *s, int64_t *parked, char *state)
+ * On a cursor table a key with an unpublished row above the position waits too: its leader
+ * may be publishing that row right now, and nothing a replay writes stops it; the deferred
+ * rows are parked, as its exception path claims them under the same lease.
+ * $1 = token, $2 = lease in ms, $3 = the position (cursor table). */
+static int park_keys(struct store *s, const struct mode *m, int64_t *parked, char *state)
 {
-	char sql[REPLAY_SQL_MAX], lease[24];
-	const char *params[2] = { s->claim_token, lease };
+	char sql[REPLAY_SQL_MAX], lease[24], u[REPLAY_SQL_MAX / 2];
+	const char *params[3] = { s->claim_token, lease, m->p };
 	PGresult *res = NULL;
 	int rc;
 
 	snprintf(lease, sizeof(lease), "%lld", (long long)s->opts.lease_ms);
+	if (m->cursor)
+		rc = store_format_sql(
+		        s, u, sizeof(u),
+		        "SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
+		        " COALESCE(o.locked_until >= now(), false) AS leased, false AS ahead"
+		        " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
+		        " WHERE o.deferred_at IS NOT NULL AND o.published_at IS NULL"
+		        " AND o.seq <= $3::bigint"
+		        " UNION ALL SELECT o.seq, o.id, o.ordering_key, o.locked_by, true, true"
+		        " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
+		        " WHERE o.seq > $3::bigint AND o.published_at IS NULL",
+		        s->table, s->table);
+	else
+		rc = store_format_sql(
+		        s, u, sizeof(u),
+		        "SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
+		        " COALESCE(o.locked_until >= now(), false) AS leased,"
+		        " false AS ahead FROM %s o JOIN k"
+		        " ON o.ordering_key = k.ordering_key WHERE o.published_at IS NULL",
+		        s->table);
+	if (rc != 0)
+		return rc;
 	if ((rc = store_format_sql(
 	             s, sql, sizeof(sql),
 	             "WITH k AS (SELECT DISTINCT ordering_key FROM " SEL
 	             " WHERE ordering_key IS NOT NULL),"
-	             " u AS MATERIALIZED (SELECT o.seq, o.id, o.ordering_key, o.locked_by,"
-	             " COALESCE(o.locked_until >= now(), false) AS leased"
-	             " FROM %s o JOIN k ON o.ordering_key = k.ordering_key"
-	             " WHERE o.published_at IS NULL),"
+	             " u AS MATERIALIZED (%s),"
 	             /* the lease as the locked (latest) row version has it */
 	             " l AS MATERIALIZED (SELECT o.seq, o.locked_by, o.published_at IS NULL"
 	             " AND COALESCE(o.locked_until >= now(), false) AS leased FROM %s o"
 	             " WHERE o.seq IN (SELECT seq FROM u WHERE NOT leased)"
 	             " FOR UPDATE OF o SKIP LOCKED),"
 	             " busy AS MATERIALIZED (SELECT u.ordering_key, (array_agg(CASE"
+	             " WHEN u.ahead THEN format('row %%L is in the relay''s hands (above the"
+	             " cursor source''s position)', u.id)"
 	             " WHEN u.leased OR l.leased THEN format('row %%L is being published"
 	             " (leased by %%L)', u.id, COALESCE(l.locked_by, u.locked_by))"
 	             " ELSE format('row %%L is locked by another transaction', u.id) END"
@@ -466,10 +530,10 @@ static int park_keys(struct store *s, int64_t *parked, char *state)
 	             " AND o.published_at IS NULL AND NOT EXISTS (SELECT 1 FROM busy b"
 	             " WHERE b.ordering_key = u.ordering_key) RETURNING 1)"
 	             " SELECT count(*) FROM parked",
-	             s->table, s->table, s->table)) != 0)
+	             u, s->table, s->table)) != 0)
 		return rc;
-	rc = store_exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not check the keys",
-	                      state);
+	rc = store_exec_state(s, sql, m->cursor ? 3 : 2, params, PGRES_TUPLES_OK, &res,
+	                      "could not check the keys", state);
 	if (rc != 0)
 		return rc;
 	if (store_parse_int64(PQgetvalue(res, 0, 0), parked) != 0)
@@ -482,29 +546,35 @@ static int park_keys(struct store *s, int64_t *parked, char *state)
  * after the commit, so that a claim begun before it still finds them leased (its recheck
  * compares with its own start) and every later claim finds them free. Should this fail, the
  * rows come free when the parking lease ends: later, never sooner. */
-static int release_parked(struct store *s)
+static int release_parked(struct store *s, const struct mode *m)
 {
 	char sql[REPLAY_SQL_MAX];
 	const char *params[1] = { s->claim_token };
 	int rc;
 
+	/* On a cursor table the parked rows are deferred ones: the deferred index has them (its
+	 * unpublished rows' indexes hold every row it ever published). */
 	if ((rc = store_format_sql(
 	             s, sql, sizeof(sql),
 	             "UPDATE %s SET locked_by = NULL, locked_until = clock_timestamp()"
-	             " WHERE locked_by = $1::text AND " STORE_UNPUBLISHED(""),
-	             s->table)) != 0)
+	             " WHERE locked_by = $1::text AND %s",
+	             s->table,
+	             m->cursor ? "deferred_at IS NOT NULL AND published_at IS NULL"
+	                       : STORE_UNPUBLISHED(""))) != 0)
 		return rc;
 	return store_exec(s, sql, 1, params, PGRES_COMMAND_OK, NULL,
 	                  "could not release the keys' rows");
 }
 
 /* Makes the ready rows pending again with the header merged in (jsonb rewrites the text
- * canonically), and drops them from the selection. */
-static int make_pending(struct store *s, const char *asked_at, int64_t *replayed, int64_t *gone,
-                        char *state)
+ * canonically), and drops them from the selection. On a cursor table a row is made pending by
+ * deferring it (deferred_at = now()): the cursor's exception path publishes it; $3 = the
+ * position. */
+static int make_pending(struct store *s, const struct mode *m, const char *asked_at,
+                        int64_t *replayed, int64_t *gone, char *state)
 {
 	char sql[REPLAY_SQL_MAX];
-	const char *params[2] = { STORE_REPLAY_HEADER, asked_at };
+	const char *params[3] = { STORE_REPLAY_HEADER, asked_at, m->p };
 	PGresult *res = NULL;
 	int64_t done = 0, ready = 0;
 	int rc;
@@ -512,17 +582,21 @@ static int make_pending(struct store *s, const char *asked_at, int64_t *replayed
 	if ((rc = store_format_sql(
 	             s, sql, sizeof(sql),
 	             "WITH sel AS MATERIALIZED (SELECT seq FROM " SEL " WHERE reason IS NULL),"
-	             " u AS (UPDATE %s o SET published_at = NULL, attempts = 0,"
+	             " u AS (UPDATE %s o SET published_at = NULL,%s attempts = 0,"
 	             " last_error = NULL, available_at = now(), locked_by = NULL,"
 	             " locked_until = NULL,"
 	             " headers = (o.headers::jsonb || jsonb_build_object($1::text, $2::text))"
-	             "::text FROM sel WHERE o.seq = sel.seq AND o.published_at IS NOT NULL"
+	             "::text FROM sel WHERE o.seq = sel.seq AND %s"
 	             " RETURNING 1),"
 	             " d AS (DELETE FROM " SEL " x USING sel WHERE x.seq = sel.seq)"
 	             " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM sel)",
-	             s->table)) != 0)
+	             s->table, m->cursor ? " deferred_at = now()," : "",
+	             m->cursor ? "((o.seq <= $3::bigint AND o.deferred_at IS NULL)"
+	                         " OR o.published_at IS NOT NULL)"
+	                       : "o.published_at IS NOT NULL")) != 0)
 		return rc;
-	rc = store_exec_state(s, sql, 2, params, PGRES_TUPLES_OK, &res, "could not replay", state);
+	rc = store_exec_state(s, sql, m->cursor ? 3 : 2, params, PGRES_TUPLES_OK, &res,
+	                      "could not replay", state);
 	if (rc != 0)
 		return rc;
 	if (store_parse_int64(PQgetvalue(res, 0, 0), &done) != 0 ||
@@ -581,7 +655,8 @@ static int start_step(struct store *s, bool *keyed)
 
 /* Keyed rows go only once the sequence has settled: then the keys that can go have their
  * newer rows parked (*parked); otherwise every keyed row waits for the next step, with why. */
-static int hold_keys(struct store *s, int64_t wait_ms, int64_t *parked, char *state)
+static int hold_keys(struct store *s, const struct mode *m, int64_t wait_ms, int64_t *parked,
+                     char *state)
 {
 	char *why = NULL;
 	int rc;
@@ -594,7 +669,7 @@ static int hold_keys(struct store *s, int64_t wait_ms, int64_t *parked, char *st
 		rc = store_exec(s, "UPDATE " SEL " SET reason = $1 WHERE ordering_key IS NOT NULL",
 		                1, wp, PGRES_COMMAND_OK, NULL, "could not replay");
 	} else if (rc == 0) {
-		rc = park_keys(s, parked, state);
+		rc = park_keys(s, m, parked, state);
 	}
 	free(why);
 	return rc;
@@ -603,13 +678,14 @@ static int hold_keys(struct store *s, int64_t wait_ms, int64_t *parked, char *st
 /* After the commit: the parked rows are handed back and what is left is counted into p. The
  * replayed rows count already: an error here leaves the parked rows to their lease, which is
  * safe. */
-static int finish_step(struct store *s, int64_t parked, struct store_replay_progress *p)
+static int finish_step(struct store *s, const struct mode *m, int64_t parked,
+                       struct store_replay_progress *p)
 {
 	PGresult *res = NULL;
 	int64_t left = 0, keys = 0;
 	int rc;
 
-	if (parked > 0 && (rc = release_parked(s)) != 0)
+	if (parked > 0 && (rc = release_parked(s, m)) != 0)
 		return rc;
 	/* The key's newer rows are claimable again (behind the replayed ones). */
 	if (parked > 0 && s->opts.channel && s->opts.channel[0] && (rc = notify_relays(s)) != 0)
@@ -637,16 +713,19 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 {
 	char state[6] = "";
 	bool keyed = false;
+	struct mode m;
 	int64_t replayed = 0, gone = 0, parked = 0;
 	int rc;
 
 	if ((rc = store_exec(s, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, "could not replay")) != 0)
 		return rc;
-	if ((rc = start_step(s, &keyed)) != 0)
+	/* The position is read after the replay lock: it only moves on, so a row behind it now
+	 * stays behind it. */
+	if ((rc = start_step(s, &keyed)) != 0 || (rc = read_mode(s, &m)) != 0)
 		goto fail;
-	if (keyed && (rc = hold_keys(s, wait_ms, &parked, state)) != 0)
+	if (keyed && (rc = hold_keys(s, &m, wait_ms, &parked, state)) != 0)
 		goto fail;
-	if ((rc = make_pending(s, asked_at, &replayed, &gone, state)) != 0)
+	if ((rc = make_pending(s, &m, asked_at, &replayed, &gone, state)) != 0)
 		goto fail;
 	/* Delivered at commit: a relay asleep until its next poll claims them now. */
 	if (replayed > 0 && s->opts.channel && s->opts.channel[0] && (rc = notify_relays(s)) != 0)
@@ -657,7 +736,7 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 	/* The replayed rows count from here. */
 	p->replayed += replayed;
 	p->gone += gone;
-	return finish_step(s, parked, p);
+	return finish_step(s, &m, parked, p);
 fail:
 	rollback(s);
 	if (conflict(state)) {

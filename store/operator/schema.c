@@ -256,7 +256,7 @@ void schema_add_create_table(struct schema_sbuf *b, const char *if_not_exists, c
 	schema_sbuf_add(b, ") WITH (fillfactor = " SCHEMA_FILLFACTOR ")");
 }
 
-/* The cursor source's position (docs/design.md, "The cursor source"): one row per stream
+/* The cursor source's position (docs/design.md, "Row sources: lease and cursor"): one row per stream
  * (stream 'main'); every row with seq <= position has been published or deferred. Written with
  * compare-and-set by the one relay that leads the table; moved_at says when it last moved. */
 void schema_add_create_position(struct schema_sbuf *b, const char *if_not_exists, const char *table)

@@ -83,7 +83,7 @@ void schema_add_trigger_ddl(struct schema_sbuf *b, const char *qschema, const ch
 void schema_add_create_table(struct schema_sbuf *b, const char *if_not_exists, const char *table);
 /* The cursor source's position table, "<table>_position" beside the outbox table (same schema;
  * its presence with a row says the cursor source runs the table). */
-#define SCHEMA_POSITION_SUFFIX "_position"
+#define SCHEMA_POSITION_SUFFIX STORE_POSITION_SUFFIX
 /* CREATE TABLE <if_not_exists><table>_position (table as the outbox table is named, qualified
  * or not). */
 void schema_add_create_position(struct schema_sbuf *b, const char *if_not_exists,

@@ -32,6 +32,7 @@ struct cursor {
 	struct store *store;
 
 	bool leader;
+	bool standby_said;  /* the lead hook heard this relay stands by */
 	bool pos_known;     /* pos is what this relay last read or wrote of the table */
 	int64_t lead_at_ms; /* when to try for the lead again */
 	int64_t pos;        /* the table's position */
@@ -45,8 +46,14 @@ struct cursor {
 	size_t n_passes, passes_cap;
 	size_t n_unrecorded;
 	int64_t batch_t0_us;
-	bool passes_keyed; /* a passed row has an ordering key */
-	bool owed_across;  /* the rows owed were confirmed before the connection was lost */
+	bool batch_keyed; /* the batch out passed a keyed row, or one of its keyed rows failed */
+	bool owed_across; /* the rows owed were confirmed before the connection was lost */
+	/* The move on the wire, answered while the next batch goes out: where to, how many of
+	 * the passes and owed rows it records; lost: the connection went before its answer (it
+	 * may have landed). */
+	bool moving, moving_lost;
+	int64_t moving_to;
+	size_t moving_passes, moving_rows;
 
 	/* Two reads: reads[cur] is the one the batch out was built from (its rows point into it),
 	 * reads[1 - cur] the one fetched ahead while the broker confirms. */
@@ -93,7 +100,6 @@ static void clear_passes(struct cursor *c)
 	for (size_t i = 0; i < c->n_passes; i++)
 		free((char *)c->passes[i].error);
 	c->n_passes = 0;
-	c->passes_keyed = false;
 }
 
 static int add_pass(struct cursor *c, const struct position_pass *p)
@@ -120,38 +126,89 @@ static void drop_owed(struct cursor *c)
 	if (c->n_unrecorded && c->o.hooks.repaid)
 		c->o.hooks.repaid(c->o.hooks.arg, 0, c->n_unrecorded);
 	c->n_unrecorded = 0;
-	c->owed_across = false;
+	c->owed_across = c->moving = c->moving_lost = false;
 	clear_passes(c);
 }
 
-/* Moves the position to read_pos with the passed rows; nothing while a batch is out (its rows
- * are below read_pos and not settled). */
-static int flush(struct cursor *c)
+/* The move landed: what it recorded is no longer owed. */
+static void moved(struct cursor *c)
+{
+	c->pos = c->moving_to;
+	for (size_t i = 0; i < c->moving_passes; i++)
+		free((char *)c->passes[i].error);
+	memmove(c->passes, c->passes + c->moving_passes,
+	        (c->n_passes - c->moving_passes) * sizeof(*c->passes));
+	c->n_passes -= c->moving_passes;
+	if (c->moving_passes)
+		c->lane_due_ms = 0; /* what was passed may be due already */
+	c->n_unrecorded -= c->moving_rows;
+	if (c->moving_rows && c->owed_across && c->o.hooks.repaid)
+		c->o.hooks.repaid(c->o.hooks.arg, c->moving_rows, 0);
+	else if (c->moving_rows && c->o.hooks.marked)
+		c->o.hooks.marked(c->o.hooks.arg, c->moving_rows, clock_mono_us() - c->batch_t0_us);
+	if (c->n_unrecorded == 0)
+		c->owed_across = false;
+	c->moving = c->moving_lost = false;
+}
+
+/* Sends the move to read_pos with the passed rows, unless one is on the wire already or a
+ * batch is out (its rows are below read_pos and not settled). */
+static int send_move(struct cursor *c)
 {
 	int rc;
 
-	if (c->out || (c->read_pos <= c->pos && c->n_passes == 0))
+	if (c->moving || c->out || (c->read_pos <= c->pos && c->n_passes == 0))
 		return 0;
-	rc = position_move(c->store, c->pos, c->read_pos, c->passes, c->n_passes);
-	if (rc < 0)
+	rc = position_move_send(c->store, c->pos, c->read_pos, c->passes, c->n_passes);
+	if (rc != 0)
 		return fail(c, SOURCE_STEP_MOVING, rc);
+	c->moving = true;
+	c->moving_to = c->read_pos;
+	c->moving_passes = c->n_passes;
+	c->moving_rows = c->n_unrecorded;
+	return 0;
+}
+
+static int collect_move(struct cursor *c)
+{
+	int rc;
+
+	if (!c->moving)
+		return 0;
+	rc = position_move_recv(c->store);
+	if (rc < 0) {
+		c->moving = false;
+		c->moving_lost = true;
+		return fail(c, SOURCE_STEP_MOVING, rc);
+	}
 	if (rc == 0) {
 		c->leader = c->pos_known = false;
 		drop_owed(c);
 		return fail(c, SOURCE_STEP_MOVING, STORE_ERR_QUERY);
 	}
-	if (c->n_passes)
-		c->lane_due_ms = 0; /* what was passed may be due already */
-	c->pos = c->read_pos;
-	clear_passes(c);
-	if (c->n_unrecorded && c->owed_across && c->o.hooks.repaid)
-		c->o.hooks.repaid(c->o.hooks.arg, c->n_unrecorded, 0);
-	else if (c->n_unrecorded && c->o.hooks.marked)
-		c->o.hooks.marked(c->o.hooks.arg, c->n_unrecorded,
-		                  clock_mono_us() - c->batch_t0_us);
-	c->n_unrecorded = 0;
-	c->owed_across = false;
+	moved(c);
 	return 0;
+}
+
+static int collect_ahead(struct cursor *c);
+
+/* Reads the answer on the wire (a move or a read fetched ahead: one at a time), so that the
+ * next statement may go. */
+static int quiet(struct cursor *c)
+{
+	int rc = collect_move(c);
+
+	return rc != 0 ? rc : collect_ahead(c);
+}
+
+/* Moves the position and waits for it. */
+static int flush(struct cursor *c)
+{
+	int rc = quiet(c);
+
+	if (rc == 0)
+		rc = send_move(c);
+	return rc != 0 ? rc : collect_move(c);
 }
 
 /* ---- leading ---- */
@@ -163,6 +220,8 @@ static int lead(struct cursor *c, int64_t now)
 
 	if (now < c->lead_at_ms)
 		return 0;
+	if ((rc = quiet(c)) != 0)
+		return rc;
 	rc = position_lead(c->store, &pos);
 	if (rc < 0)
 		return fail(c, SOURCE_STEP_LEADING, rc);
@@ -171,16 +230,25 @@ static int lead(struct cursor *c, int64_t now)
 		int64_t retry = c->o.poll_interval_ms < LEAD_RETRY_MS ? c->o.poll_interval_ms
 		                                                      : LEAD_RETRY_MS;
 		c->lead_at_ms = now + retry;
+		if (!c->standby_said && c->o.hooks.lead)
+			c->o.hooks.lead(c->o.hooks.arg, false, 0);
+		c->standby_said = true;
 		return 0;
 	}
 	/* What this relay still owes stands only on the position it was owed against. */
+	if (c->pos_known && c->moving_lost && pos == c->moving_to)
+		moved(c); /* the move whose answer was lost had landed */
+	c->moving_lost = false;
 	if (!c->pos_known || pos != c->pos) {
 		drop_owed(c);
 		c->pos = c->read_pos = pos;
 	}
 	c->leader = c->pos_known = true;
+	c->standby_said = false;
 	c->read_fence = 0;
 	c->lane_due_ms = 0;
+	if (c->o.hooks.lead)
+		c->o.hooks.lead(c->o.hooks.arg, true, c->pos);
 	return 1;
 }
 
@@ -192,7 +260,7 @@ static int pass_row(struct cursor *c, const struct outbox_row *r)
 
 	if (r->ordering_key) {
 		cursor_keys_add(&c->keys, r->ordering_key, CURSOR_KEY_PASSED);
-		c->passes_keyed = true;
+		c->batch_keyed = true;
 	}
 	return add_pass(c, &p);
 }
@@ -217,6 +285,7 @@ static int build(struct cursor *c, size_t *n)
 	if (cursor_keys_reserve(&c->keys, c->reads[c->cur].rows.n) != 0)
 		return STORE_ERR_NOMEM;
 	cursor_keys_clear(&c->keys);
+	c->batch_keyed = false;
 	for (i = 0; i < c->reads[c->cur].rows.n; i++) {
 		const struct outbox_row *r = &c->reads[c->cur].rows.rows[i];
 		const struct position_seen *s = &c->reads[c->cur].seen[i];
@@ -294,6 +363,9 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 		c->ahead = AHEAD_NONE;
 		r = &c->reads[c->cur];
 	} else {
+		if ((rc = quiet(c)) != 0)
+			return rc;
+		fence = store_watermark_safe(c->store); /* the answers just read may move it */
 		r = &c->reads[c->cur];
 		r->fence = fence < c->read_pos ? c->read_pos : fence;
 		rc = position_read(c->store, c->read_pos, r->fence, limit, &r->rows, &r->seen,
@@ -310,7 +382,8 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 		return fail(c, SOURCE_STEP_READING, rc);
 	if (n == 0)
 		return 0;
-	if (store_wakeup_armed(c->store) && (rc = position_disarm(c->store)) != 0)
+	if (store_wakeup_armed(c->store) &&
+	    ((rc = quiet(c)) != 0 || (rc = position_disarm(c->store)) != 0))
 		return fail(c, SOURCE_STEP_DISARMING, rc);
 	hand_out(c, c->rows, n, false, out);
 	return 0;
@@ -319,8 +392,10 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 /* Claims the exceptions that may go now. */
 static int lane_next(struct cursor *c, int64_t now, const struct source_batch **out)
 {
-	int rc = position_claim_deferred(c->store, c->o.store.batch_size, &c->lane);
+	int rc = quiet(c);
 
+	if (rc == 0)
+		rc = position_claim_deferred(c->store, c->o.store.batch_size, &c->lane);
 	if (rc != 0)
 		return fail(c, SOURCE_STEP_DEFERRED, rc);
 	if (c->lane.n == 0) {
@@ -355,6 +430,8 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 		return 0;
 	/* Arm, then read once more: its sample covers every seq drawn before the lock was
 	 * taken, whose producer may not have notified. */
+	if ((rc = quiet(c)) != 0)
+		return rc;
 	rc = store_arm(c->store);
 	if (rc == 0)
 		rc = store_wakeup_armed_elsewhere(c->store);
@@ -375,6 +452,13 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 	if (!c->leader) {
 		if ((rc = lead(c, now)) <= 0) {
 			*ask_at_ms = c->lead_at_ms;
+			return rc;
+		}
+	}
+	/* The read fetched ahead goes out at once, while the move before it commits. */
+	if (c->ahead == AHEAD_READY && !(c->prefer_lane && now >= c->lane_due_ms)) {
+		if ((rc = read_next(c, out)) != 0 || *out) {
+			c->prefer_lane = true;
 			return rc;
 		}
 	}
@@ -402,11 +486,14 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 {
 	struct cursor_read *r = &c->reads[1 - c->cur];
-	int64_t fence = store_watermark_safe(c->store);
+	int64_t fence;
 	int rc;
 
 	if (!c->out || c->out_lane || b != &c->view || c->ahead != AHEAD_NONE || !c->leader)
 		return 0;
+	if ((rc = quiet(c)) != 0)
+		return rc;
+	fence = store_watermark_safe(c->store);
 	r->fence = fence < c->read_pos ? c->read_pos : fence;
 	rc = position_read_send(c->store, c->read_pos, r->fence, c->o.store.batch_size);
 	if (rc != 0)
@@ -476,8 +563,11 @@ static int settle_read(struct cursor *c, const struct source_batch *b,
 	size_t released = 0, published = 0;
 	int rc;
 
+	static const struct source_fate unsaid = { .outcome = SOURCE_RELEASED };
+
 	for (size_t i = 0; i < b->n; i++) {
-		const struct source_fate *f = &fates[i];
+		/* Nothing said of the batch (no fates): every row is passed as never answered. */
+		const struct source_fate *f = fates ? &fates[i] : &unsaid;
 		struct position_pass p = { .seq = b->rows[i].seq, .delay_ms = -1 };
 
 		if (f->outcome == SOURCE_PUBLISHED) {
@@ -485,7 +575,7 @@ static int settle_read(struct cursor *c, const struct source_batch *b,
 			continue;
 		}
 		if (b->rows[i].ordering_key)
-			c->passes_keyed = true;
+			c->batch_keyed = true;
 		if (f->outcome == SOURCE_FAILED) {
 			p.error = f->error;
 			p.delay_ms = f->delay_ms;
@@ -512,15 +602,13 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 	if (!c->out || b != &c->view)
 		return 0;
 	c->out = false;
-	if (!fates) {
-		/* Nothing can be said of the batch: read it again (its rows go out twice at
-		 * most); exceptions come back by their lease. */
-		if (!c->out_lane)
-			c->read_pos = c->pos;
-		return 0;
+	if (!fates && c->out_lane)
+		return 0; /* nothing can be said of it: exceptions come back by their lease */
+	if (c->out_lane) {
+		if (!store_connected(c->store))
+			return 0;
+		return (rc = quiet(c)) != 0 ? rc : settle_lane(c, fates);
 	}
-	if (c->out_lane)
-		return store_connected(c->store) ? settle_lane(c, fates) : 0;
 	if ((rc = settle_read(c, b, fates)) != 0)
 		return fail(c, SOURCE_STEP_MOVING, rc);
 	if (!store_connected(c->store) || !c->leader) {
@@ -528,12 +616,12 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 		c->owed_across = c->n_unrecorded > 0;
 		return 0;
 	}
-	if ((rc = collect_ahead(c)) != 0)
+	if ((rc = quiet(c)) != 0)
 		return rc;
 	/* A keyed row passed: the read fetched ahead did not know its key waits behind it. */
-	if (c->passes_keyed)
+	if (c->batch_keyed)
 		c->ahead = AHEAD_NONE;
-	return flush(c);
+	return send_move(c); /* answered while the next batch goes out */
 }
 
 /* Hands back the read fetched ahead (nothing to write: its rows are above the position). */
@@ -580,7 +668,7 @@ int cursor_connect(struct cursor *c)
 	int rc;
 
 	c->step = SOURCE_STEP_NONE;
-	c->leader = false;
+	c->leader = c->standby_said = false;
 	c->lead_at_ms = 0;
 	rc = store_connect(c->store);
 	if (rc == STORE_OK && !c->o.store.admin)
@@ -592,6 +680,10 @@ void cursor_disconnect(struct cursor *c)
 {
 	c->leader = false; /* the lead is a session lock: it ended with the session */
 	c->ahead = AHEAD_NONE;
+	if (c->moving) {
+		c->moving = false;
+		c->moving_lost = true; /* it may have landed: lead() looks */
+	}
 	if (c->n_unrecorded)
 		c->owed_across = true;
 	if (c->out && c->out_lane)
@@ -669,6 +761,7 @@ struct cursor *cursor_new(const struct source_options *opts)
 		return NULL;
 	c->base.kind = SOURCE_CURSOR;
 	c->o = *opts;
+	c->o.store.cursor = true; /* the lease source refuses a table it runs; the cursor not */
 	c->pause_ms = 1;
 	store_batch_init(&c->reads[0].rows);
 	store_batch_init(&c->reads[1].rows);

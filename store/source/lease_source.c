@@ -636,6 +636,8 @@ struct lease *lease_new(const struct source_options *opts)
 		return NULL;
 	s->base.kind = SOURCE_LEASE;
 	s->o = *opts;
+	/* This source's store refuses a table the cursor source runs (store_connect()). */
+	s->o.store.cursor = false;
 	s->arm_pause_ms = 1;
 	store_batch_init(&s->batches[0]);
 	store_batch_init(&s->batches[1]);

@@ -316,12 +316,11 @@ static bool pass_counted(const void *items, size_t i)
 	return ((const struct position_pass *)items)[i].counted;
 }
 
-int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
-                  size_t n)
+int position_move_send(struct store *s, int64_t from, int64_t to,
+                       const struct position_pass *passes, size_t n)
 {
 	char f[24], t[24], m[24];
 	const char *params[8] = { f, t, NULL, NULL, NULL, NULL, NULL, m };
-	PGresult *res = NULL;
 	int rc;
 
 	if ((rc = prepared(s)) != 0)
@@ -337,16 +336,36 @@ int position_move(struct store *s, int64_t from, int64_t to, const struct positi
 	snprintf(f, sizeof(f), "%lld", (long long)from);
 	snprintf(t, sizeof(t), "%lld", (long long)to);
 	snprintf(m, sizeof(m), "%d", s->opts.max_attempts);
-	if ((rc = store_exec_prepared(s, ST_POS_MOVE, 8, params, PGRES_TUPLES_OK, NULL, &res,
-	                              "could not move the position")) != 0)
+	s->move_from = from;
+	return store_send_prepared(s, ST_POS_MOVE, 8, params, STORE_INFLIGHT_MARK,
+	                           "could not move the position");
+}
+
+int position_move_recv(struct store *s)
+{
+	PGresult *res = store_collect(s);
+	int rc;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		rc = store_result_error(s, res, "could not move the position");
+		PQclear(res);
 		return rc;
+	}
 	rc = PQntuples(res) == 1 ? 1 : 0;
 	PQclear(res);
 	if (rc == 0)
 		store_set_error(
 		        s, "the position of %s is no longer %lld: another relay leads the table",
-		        s->table, (long long)from);
+		        s->table, (long long)s->move_from);
 	return rc;
+}
+
+int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
+                  size_t n)
+{
+	int rc = position_move_send(s, from, to, passes, n);
+
+	return rc != 0 ? rc : position_move_recv(s);
 }
 
 int position_claim_deferred(struct store *s, int limit, struct store_batch *out)

@@ -66,6 +66,12 @@ struct position_pass {
  * `from` (another relay leads: nothing was written; the error text says so), or an error. */
 int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
                   size_t n) __attribute__((warn_unused_result));
+/* The same split in two, so that the relay publishes the next batch while the database
+ * commits the move: no other call on s in between. */
+int position_move_send(struct store *s, int64_t from, int64_t to,
+                       const struct position_pass *passes, size_t n)
+        __attribute__((warn_unused_result));
+int position_move_recv(struct store *s) __attribute__((warn_unused_result));
 
 /* Claims up to limit exceptions that may go now, in seq order, under a lease (locked_by, as the
  * lease source's claim: store_mark_published(), store_mark_failed() and store_release() settle

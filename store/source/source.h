@@ -67,6 +67,9 @@ struct source_hooks {
 	/* Rows handed back unpublished, their attempts unchanged (never answered by the broker, or
 	 * fetched for a publish that could not happen). */
 	void (*released)(void *arg, size_t rows);
+	/* The cursor source took its table's lead (leading, at position), or found another relay
+	 * leading it (a warm standby). Said when it changes, and after connecting. */
+	void (*lead)(void *arg, bool leading, int64_t position);
 	/* The database answered: the caller's reconnect backoff may start afresh. */
 	void (*answered)(void *arg);
 	/* Still working through a long series of statements (liveness). */

@@ -114,7 +114,10 @@ Test(fault, healthz_200_while_the_broker_blocks, .timeout = 400, .fini = clear_a
 	hw_start(&t, "hz_blocked", false);
 	harness_insert_rows(t.f.pg, t.f.table, BLOCKED_ROWS, t.f.exchange, "hz.blocked", "hzb",
 	                    NULL, NULL);
-	HARNESS_WAIT(leased(&t) > 0, 60000);
+	/* The cursor's batch is in no row: the blocked connection (the broker blocks it once the
+	 * relay publishes) is what is waited for. */
+	if (!harness_source_is_cursor())
+		HARNESS_WAIT(leased(&t) > 0, 60000);
 	if (!harness_wait_until(broker_blocks_a_connection, NULL, 60000))
 		harness_relay_dump_log(t.relay);
 	cr_assert(broker_blocks_a_connection(NULL), "the broker never blocked the relay");

@@ -54,6 +54,12 @@ Test(operator_fencing, discard_and_requeue_never_race_a_relay, .timeout = 600)
 	struct harness_relay *a;
 	struct harness_output o;
 
+	/* Not for the cursor source: the rows of its batches carry no lease (only its position
+	 * moves past them), so no row is under a live lease for the commands to refuse or keep,
+	 * and its leader's batch cannot be seen from the table. The commands on a table the
+	 * cursor runs are the operator commands' own tests'. */
+	if (harness_source_is_cursor())
+		cr_skip_test("the cursor source leases no row of its batches");
 	fixture_setup(&f, "opfence", NULL);
 	mq = proxy_start(harness_amqp_port());
 	fault_amqp_env(mq_env, sizeof(mq_env), proxy_port(mq));

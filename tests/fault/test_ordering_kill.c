@@ -63,12 +63,8 @@ Test(ordering_kill, sigkill_never_reorders_a_key, .timeout = 800)
 		fixture_dump_logs(&fx);
 		cr_assert_fail("only %zu of %zu messages arrived", consumer_unique(fx.cons), n);
 	}
-	HARNESS_WAIT(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            fx.table) == 0,
-	             60000);
-	cr_assert_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            fx.table),
-	             0, "rows left unpublished");
+	HARNESS_WAIT(harness_unpublished_count(fx.pg, fx.table) == 0, 60000);
+	cr_assert_eq(harness_unpublished_count(fx.pg, fx.table), 0, "rows left unpublished");
 	harness_sleep_ms(1000);
 	fprintf(stderr, "ordering_kill: %d relays killed, %zu deliveries, %zu duplicates\n", kills,
 	        consumer_received(fx.cons), consumer_duplicates(fx.cons));

@@ -54,8 +54,8 @@ static int64_t dead_count(struct fixture *f)
 {
 	return harness_pg_int(f->pg,
 	                      "SELECT count(*) FROM %s"
-	                      " WHERE published_at IS NULL AND attempts >= %d",
-	                      f->table, MAX_ATTEMPTS);
+	                      " WHERE %s AND attempts >= %d",
+	                      f->table, harness_unpublished(f->table), MAX_ATTEMPTS);
 }
 
 static void expect_dead(struct fixture *f, const char *id, const char *error)

@@ -166,7 +166,9 @@ static int64_t leased(struct sd *t)
 	                      t->f.table);
 }
 
-/* The relay under test reached the database at the end: it handed back every lease. */
+/* The relay under test reached the database at the end: it handed back every lease. The
+ * cursor leases only the rows of its exception path (rows it set aside and publishes one by
+ * one): none of those is left leased either. */
 static void expect_released(struct sd *t, const char *state)
 {
 	int64_t n = leased(t);
@@ -241,9 +243,13 @@ Test(fault, shutdown_blocked_broker, .timeout = 400, .fini = clear_alarm)
 	cr_assert(fault_memory_alarm(true), "rabbitmqctl could not raise the memory alarm");
 	sd_start(&t, NULL);
 	/* The relay claims the rows and publishes them; the broker blocks its connection, and
-	 * the confirms cannot come before the 60 s confirm timeout. */
-	HARNESS_WAIT(leased(&t) > 0, 60000);
-	cr_assert_gt(leased(&t), 0, "the relay never claimed the rows");
+	 * the confirms cannot come before the 60 s confirm timeout. The cursor's batch is in no
+	 * row: that the broker blocks the connection (it does once the relay publishes) says
+	 * enough. */
+	if (!harness_source_is_cursor()) {
+		HARNESS_WAIT(leased(&t) > 0, 60000);
+		cr_assert_gt(leased(&t), 0, "the relay never claimed the rows");
+	}
 	if (!harness_wait_until(broker_blocks_a_connection, NULL, 60000))
 		harness_relay_dump_log(t.relay);
 	cr_assert(broker_blocks_a_connection(NULL), "the broker never blocked the relay");
@@ -278,7 +284,10 @@ Test(fault, shutdown_stalled_broker_waiting_for_confirms, .timeout = 400)
 	/* Rows keep coming: within a moment the relay has published a batch into the stalled
 	 * socket and waits for its confirms. */
 	harness_sleep_ms(1500);
-	cr_assert_gt(leased(&t), 0, "no batch in flight");
+	/* The cursor's batch is in no row; the stop line below (a confirm wait ended by the
+	 * deadline) shows it was in flight. */
+	if (!harness_source_is_cursor())
+		cr_assert_gt(leased(&t), 0, "no batch in flight");
 
 	stop_timed(&t, state);
 	n = fault_producer_stop(prod);
@@ -345,9 +354,7 @@ Test(fault, shutdown_stalled_broker_blocked_write, .timeout = 400)
 	fixture_expect_unique(&t.f, t.f.cons, 10, FAULT_DELIVERY_TIMEOUT_MS);
 	/* Confirmed and marked, not only routed: otherwise their confirms could be the bytes the
 	 * stall holds back, and the relay would wait for them instead of writing. */
-	HARNESS_WAIT(harness_pg_int(t.f.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            t.f.table) == 0,
-	             FAULT_LOG_TIMEOUT_MS);
+	HARNESS_WAIT(harness_unpublished_count(t.f.pg, t.f.table) == 0, FAULT_LOG_TIMEOUT_MS);
 	proxy_stall(t.mq, true);
 	insert_rows_sized(&t, "big", 10, 10 + BIG_ROWS - 1, BIG_BODY);
 	/* 50 MB into a peer that reads nothing: the relay's write blocks inside rabbitmq-c,

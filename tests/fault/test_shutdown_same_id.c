@@ -2,7 +2,11 @@
  * token keeps), each with rows in flight (its broker connection stalled by a proxy, so it waits
  * for confirms). SIGTERM to one must release only the rows that process claimed: the other's
  * rows stay leased to it, no third relay publishes them while it still does, and every row
- * reaches a real consumer exactly once. */
+ * reaches a real consumer exactly once.
+ *
+ * With the cursor source one of the two leads and the other waits: the same relay.id must not
+ * make the standby publish beside the leader (the lead is the leader's session's, not its
+ * id's). The leader's SIGTERM hands the lead over, and every row still arrives exactly once. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
@@ -58,6 +62,45 @@ static struct harness_relay *start_proxied(struct fixture *f, struct proxy **p, 
 	return r;
 }
 
+/* The cursor: A leads, its batch stuck in a stalled broker connection; B, same relay.id and a
+ * broker connection that works, publishes nothing while A lives; after A's SIGTERM, B
+ * publishes every row, once. */
+static void cursor_same_id(struct fixture *f)
+{
+	struct proxy *pa, *pb;
+	char env_a[256], env_b[256];
+	struct harness_relay *a;
+	size_t lost, dups;
+	int st;
+
+	a = start_proxied(f, &pa, env_a, sizeof(env_a));
+	HARNESS_WAIT(harness_cursor_position(f->pg, f->table) >= 0, FAULT_LOG_TIMEOUT_MS);
+	cr_assert_geq(harness_cursor_position(f->pg, f->table), 0, "relay A never took the lead");
+	proxy_stall(pa, true);
+	harness_insert_rows(f->pg, f->table, 2 * ROWS, f->exchange, "same.id", "sdsame", NULL,
+	                    NULL);
+	(void)start_proxied(f, &pb, env_b, sizeof(env_b));
+	/* A bounded look for something that must not happen: B tries for the lead every
+	 * ~200 ms, so it has had many chances within this time. */
+	harness_sleep_ms(3000);
+	cr_assert_eq(consumer_unique(f->cons), 0,
+	             "a relay published while the other one (same relay.id) led");
+
+	st = harness_relay_stop(a, SIGTERM, 60000);
+	if (st != 0)
+		harness_relay_dump_log(a);
+	cr_assert_eq(st, 0, "relay A exited %d", st);
+	fixture_expect_unique(f, f->cons, 2 * ROWS, FAULT_DELIVERY_TIMEOUT_MS);
+	fault_expect_settled(f, 10, FAULT_DELIVERY_TIMEOUT_MS);
+	harness_sleep_ms(500);
+	dups = fault_count(f, "shutdown_same_id", "sdsame", 2 * ROWS, &lost);
+	cr_assert_eq(lost, 0);
+	cr_assert_eq(dups, 0, "%zu rows published twice", dups);
+	fixture_teardown(f);
+	proxy_stop(pa);
+	proxy_stop(pb);
+}
+
 Test(shutdown_same_id, sigterm_releases_only_this_process_claims, .timeout = 600)
 {
 	struct fixture f;
@@ -70,6 +113,10 @@ Test(shutdown_same_id, sigterm_releases_only_this_process_claims, .timeout = 600
 
 	fixture_setup(&f, "sdsame", NULL);
 	cr_assert_eq(strlen(SAME_ID), 64);
+	if (harness_source_is_cursor()) {
+		cursor_same_id(&f);
+		return;
+	}
 
 	/* Relay A takes the first rows and is left waiting for their confirms. */
 	a = start_proxied(&f, &pa, env_a, sizeof(env_a));

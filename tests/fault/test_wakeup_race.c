@@ -69,6 +69,12 @@ Test(fault, wakeup_that_came_with_a_claims_answer_is_not_lost, .timeout = 600)
 	char gate_table[80];
 	size_t got;
 
+	/* Not for the cursor source: the gate is a trigger on UPDATE, which the lease source's
+	 * claim is; the cursor reads its rows with a SELECT, which no trigger can hold up, so the
+	 * race cannot be staged this way. Its wake-up is the contract test's
+	 * (a_row_committed_while_idle_wakes_the_source). */
+	if (harness_source_is_cursor())
+		cr_skip_test("the gate holds up an UPDATE claim; the cursor's read is a SELECT");
 	fixture_setup(&f, "wake_race", &(struct fixture_options){ .binding = "wake.#" });
 	install_gate(&f);
 	holder = harness_pg_connect();
@@ -97,12 +103,9 @@ Test(fault, wakeup_that_came_with_a_claims_answer_is_not_lost, .timeout = 600)
 	fixture_expect_unique(&f, f.cons, 1, DELIVERY_TIMEOUT_MS);
 	got = consumer_count(f.cons, "late-0");
 	cr_assert_geq(got, 1, "late-0 was not delivered");
-	HARNESS_WAIT(harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL",
-	                            f.table) == 0,
-	             STATE_TIMEOUT_MS);
-	cr_assert_eq(
-	        harness_pg_int(f.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", f.table),
-	        0, "late-0 was delivered but never marked published");
+	HARNESS_WAIT(harness_unpublished_count(f.pg, f.table) == 0, STATE_TIMEOUT_MS);
+	cr_assert_eq(harness_unpublished_count(f.pg, f.table), 0,
+	             "late-0 was delivered but never marked published");
 	fprintf(stderr, "wakeup_race: rows=1 received=%zu lost=0 duplicates=%zu\n",
 	        consumer_received(f.cons), got - 1);
 

@@ -15,7 +15,9 @@
 #include "tests/support/fixture.h"
 #include "tests/support/harness.h"
 
-/* The sources under contract: a name for the messages, and which source_new() makes. */
+/* The sources under contract: a name for the messages, and which source_new() makes. Each test
+ * runs them in turn on one table, emptied before each (fresh()). Where the cursor keeps the
+ * contract differently (one source leads the table, the others wait), the test says how. */
 struct contract_source {
 	const char *name;
 	enum source_kind kind;
@@ -64,6 +66,8 @@ struct under_test {
 };
 
 static atomic_int g_stopping;
+/* relay.poll_interval of the sources open_source() opens; setup() puts back POLL_MS. */
+static int64_t g_poll_ms = POLL_MS;
 
 static void open_source(struct under_test *t, const struct contract_source *kind,
                         const struct fixture *fx, const char *relay_id)
@@ -74,7 +78,7 @@ static void open_source(struct under_test *t, const struct contract_source *kind
 	t->o.store.application_name = "outbox-relay contract test";
 	t->o.store.batch_size = BATCH;
 	t->o.confirm_timeout_ms = 5000;
-	t->o.poll_interval_ms = POLL_MS;
+	t->o.poll_interval_ms = g_poll_ms;
 	t->o.stopping = &g_stopping;
 	t->o.hooks = (struct source_hooks){ .arg = &t->heard,
 		                            .marked = on_marked,
@@ -94,6 +98,41 @@ static void close_source(struct under_test *t)
 	t->src = NULL;
 }
 
+static bool is_cursor(const struct contract_source *kind)
+{
+	return kind->kind == SOURCE_CURSOR;
+}
+
+static struct fixture g_fx;
+
+/* The table as a new one, for the next source: no rows, no position (the cursor's, which says
+ * the cursor runs the table). */
+static void fresh(void)
+{
+	harness_pg_exec(g_fx.pg,
+	                "TRUNCATE %s;"
+	                " DO $$ BEGIN IF to_regclass('%s_position') IS NOT NULL THEN"
+	                " DELETE FROM %s_position; END IF; END $$",
+	                g_fx.table, g_fx.table, g_fx.table);
+}
+
+/* One source_next(), for a source that must hand nothing out (a standby); fails on an error. */
+static const struct source_batch *next_once(struct under_test *t)
+{
+	const struct source_batch *b;
+	int64_t ask_at;
+
+	cr_assert_eq(source_next(t->src, &b, &ask_at), 0, "%s: next: %s (%s)", t->kind->name,
+	             source_errmsg(t->src), source_step_text(source_step(t->src)));
+	return b;
+}
+
+/* Rows of the table with cond (SQL) true. */
+static int64_t rows_where(const char *cond)
+{
+	return harness_pg_int(g_fx.pg, "SELECT count(*) FROM %s WHERE %s", g_fx.table, cond);
+}
+
 /* The next batch, asking again while the source asks to be called back soon (it is catching
  * up with rows committed just now); NULL once it says to come back after its poll interval
  * (nothing to publish). */
@@ -110,7 +149,7 @@ static const struct source_batch *next(struct under_test *t)
 		             source_step_text(source_step(t->src)));
 		if (b)
 			return b;
-		if (ask_at - clock_mono_ms() >= POLL_MS / 2)
+		if (ask_at - clock_mono_ms() >= t->o.poll_interval_ms / 2)
 			return NULL;
 		cr_assert_lt(clock_mono_ms(), end, "%s: still asked to come back soon after %d ms",
 		             t->kind->name, WAIT_MS);
@@ -148,13 +187,12 @@ static void insert(struct fixture *fx, size_t n, const char *prefix)
 	harness_insert_rows(fx->pg, fx->table, n, "contract_ex", "rk", prefix, NULL, NULL);
 }
 
-static struct fixture g_fx;
-
 static void setup(void)
 {
 	struct fixture_options o = { .no_consumer = true };
 
 	atomic_store(&g_stopping, 0);
+	g_poll_ms = POLL_MS;
 	fixture_setup(&g_fx, "src", &o);
 }
 
@@ -170,6 +208,7 @@ TestSuite(source_contract, .init = setup, .fini = teardown, .timeout = 180);
 Test(source_contract, every_row_goes_out_once_in_order_and_stays_published)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		char seen[64][32];
@@ -209,10 +248,13 @@ Test(source_contract, every_row_goes_out_once_in_order_and_stays_published)
 }
 
 /* A released row comes back, its attempts unchanged; a failed one comes back with one attempt
- * more (none for the broker's own failure), and not before its delay. */
+ * more (none for the broker's own failure), and not before its delay. The cursor moves its
+ * position past all three and sets them aside (deferred): they come back on its exception
+ * path. */
 Test(source_contract, released_and_failed_rows_come_back_as_their_fate_says)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		struct source_fate f[3] = {
@@ -233,6 +275,9 @@ Test(source_contract, released_and_failed_rows_come_back_as_their_fate_says)
 		cr_assert_eq(source_settle(t.src, b, f), 0, "%s", source_errmsg(t.src));
 		cr_assert_eq(t.heard.released, 1, "%s: released heard %zu", SOURCES[k].name,
 		             t.heard.released);
+		if (is_cursor(&SOURCES[k]))
+			cr_assert_eq(rows_where("deferred_at IS NOT NULL AND published_at IS NULL"),
+			             3, "cursor: the three rows were not set aside");
 		for (int round = 0;
 		     round < 5 && (attempts[0] < 0 || attempts[1] < 0 || attempts[2] < 0);
 		     round++) {
@@ -264,6 +309,7 @@ Test(source_contract, released_and_failed_rows_come_back_as_their_fate_says)
 Test(source_contract, delayed_and_dead_rows_stay_out)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		struct store_status st;
@@ -292,6 +338,7 @@ Test(source_contract, delayed_and_dead_rows_stay_out)
 Test(source_contract, an_ordering_key_goes_out_one_row_at_a_time)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		char prefix[32], want[64], got[128];
@@ -322,6 +369,7 @@ Test(source_contract, an_ordering_key_goes_out_one_row_at_a_time)
 Test(source_contract, a_batch_fetched_ahead_goes_out_next_or_back_when_paused)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		char first[128], again[128];
@@ -338,10 +386,11 @@ Test(source_contract, a_batch_fetched_ahead_goes_out_next_or_back_when_paused)
 		ids(b, first, sizeof(first));
 		cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
 		settle_all(&t, b, SOURCE_PUBLISHED);
-		/* The third batch is fetched ahead; the broker goes away. */
+		/* The third batch is fetched ahead; the broker goes away. The cursor fetches
+		 * nothing ahead (source_prefetch() is optional): it has nothing to hand back. */
 		cr_assert_eq(source_pause(t.src), 0, "%s", source_errmsg(t.src));
-		cr_assert_eq(t.heard.released, BATCH, "%s: %zu handed back", SOURCES[k].name,
-		             t.heard.released);
+		cr_assert_eq(t.heard.released, is_cursor(&SOURCES[k]) ? 0 : BATCH,
+		             "%s: %zu handed back", SOURCES[k].name, t.heard.released);
 		b = next(&t);
 		cr_assert_not_null(b, "%s: the handed back batch never came again",
 		                   SOURCES[k].name);
@@ -360,6 +409,7 @@ Test(source_contract, a_batch_fetched_ahead_goes_out_next_or_back_when_paused)
 Test(source_contract, confirmed_rows_are_owed_across_a_lost_connection)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t, other;
 		const struct source_batch *b;
 
@@ -384,13 +434,46 @@ Test(source_contract, confirmed_rows_are_owed_across_a_lost_connection)
 	}
 }
 
+/* The cursor: the second source is a standby and gets nothing while the first leads; once the
+ * leader's connection closes, the standby takes the lead and hands out the rest, none of the
+ * rows the leader published. */
+static void cursor_standby(const struct contract_source *kind)
+{
+	struct under_test a, b;
+	const struct source_batch *ba, *bb;
+	int64_t first_last;
+
+	insert(&g_fx, 2 * BATCH, kind->name);
+	open_source(&a, kind, &g_fx, "contract-a");
+	open_source(&b, kind, &g_fx, "contract-b");
+	ba = next(&a);
+	cr_assert_not_null(ba);
+	for (int i = 0; i < 3; i++)
+		cr_assert_null(next_once(&b), "%s: a standby handed rows out", kind->name);
+	first_last = ba->rows[ba->n - 1].seq;
+	settle_all(&a, ba, SOURCE_PUBLISHED);
+	cr_assert_null(next_once(&b), "%s: a standby handed rows out", kind->name);
+	close_source(&a);
+	bb = next(&b);
+	cr_assert_not_null(bb, "%s: the standby did not take over", kind->name);
+	cr_assert_gt(bb->rows[0].seq, first_last, "%s: %s came out again after it was published",
+	             kind->name, bb->rows[0].id);
+	settle_all(&b, bb, SOURCE_PUBLISHED);
+	close_source(&b);
+}
+
 /* Two sources on one table never have the same row out at once. */
 Test(source_contract, two_sources_never_share_a_row)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test a, b;
 		const struct source_batch *ba, *bb;
 
+		if (is_cursor(&SOURCES[k])) {
+			cursor_standby(&SOURCES[k]);
+			continue;
+		}
 		insert(&g_fx, 2 * BATCH, SOURCES[k].name);
 		open_source(&a, &SOURCES[k], &g_fx, "contract-a");
 		open_source(&b, &SOURCES[k], &g_fx, "contract-b");
@@ -415,6 +498,7 @@ Test(source_contract, two_sources_never_share_a_row)
 Test(source_contract, a_row_committed_while_idle_wakes_the_source)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t;
 		const struct source_batch *b;
 		bool woken = false;
@@ -443,6 +527,7 @@ Test(source_contract, a_row_committed_while_idle_wakes_the_source)
 Test(source_contract, finish_hands_back_what_was_fetched_ahead)
 {
 	for (size_t k = 0; k < N_SOURCES; k++) {
+		fresh();
 		struct under_test t, other;
 		const struct source_batch *b;
 
@@ -462,4 +547,121 @@ Test(source_contract, finish_hands_back_what_was_fetched_ahead)
 		settle_all(&other, b, SOURCE_PUBLISHED);
 		close_source(&other);
 	}
+}
+
+/* ---- the cursor's own: what its position must not do ---- */
+
+/* The cursor's entry in SOURCES; the test is skipped while it is not there. */
+static const struct contract_source *cursor_kind(void)
+{
+	for (size_t k = 0; k < N_SOURCES; k++)
+		if (is_cursor(&SOURCES[k]))
+			return &SOURCES[k];
+	cr_skip_test("the cursor source is not under contract yet");
+	return NULL;
+}
+
+static void insert_one(const char *id, const char *key, const char *available_at)
+{
+	harness_pg_exec(g_fx.pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key,"
+	                " available_at) VALUES ('%s', 'ex', 'rk', '{}', %s%s%s, %s)",
+	                g_fx.table, id, key ? "'" : "", key ? key : "NULL", key ? "'" : "",
+	                available_at);
+}
+
+/* The next batch within WAIT_MS, asking as often as the source lets (whatever it says of when
+ * to come back): for rows that become due while the test waits. NULL when none came. */
+static const struct source_batch *next_within(struct under_test *t)
+{
+	int64_t end = clock_mono_ms() + WAIT_MS;
+	const struct source_batch *b;
+
+	while ((b = next_once(t)) == NULL && clock_mono_ms() < end)
+		clock_sleep_us(100 * 1000);
+	return b;
+}
+
+/* A row not due yet (available_at in the future) is not handed out before it is due, and does
+ * not hold back the rows committed after it; once due, it comes, set aside (deferred) by then:
+ * the position went on without it. */
+Test(source_contract, cursor_a_delayed_row_waits_alone)
+{
+	const struct contract_source *kind = cursor_kind();
+	struct under_test t;
+	const struct source_batch *b;
+	char got[128];
+
+	fresh();
+	/* Exceptions that come due are looked for once a poll interval at least. */
+	g_poll_ms = 500;
+	insert_one("later", NULL, "now() + interval '3 seconds'");
+	insert_one("now-1", NULL, "now()");
+	insert_one("now-2", NULL, "now()");
+	open_source(&t, kind, &g_fx, "contract-a");
+	b = next_once(&t);
+	if (b == NULL)
+		b = next(&t);
+	cr_assert_not_null(b, "the rows after a delayed one were held back");
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "now-1,now-2");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	b = next_within(&t);
+	cr_assert_not_null(b, "the delayed row never came once due");
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "later");
+	cr_assert_eq(rows_where("id = 'later' AND available_at <= now()"), 1,
+	             "the delayed row came out before it was due");
+	cr_assert_eq(rows_where("id = 'later' AND deferred_at IS NOT NULL"), 1,
+	             "the delayed row was not set aside");
+	cr_assert_eq(b->rows[0].attempts, 0);
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	cr_assert_eq(rows_where("id = 'later' AND published_at IS NOT NULL"), 1);
+	close_source(&t);
+}
+
+/* A key's later rows wait behind its failed row, while rows without a key go on; once the
+ * failed row is due and goes, the key's rows follow one at a time, in order, uncharged. */
+Test(source_contract, cursor_a_key_waits_behind_its_failed_row)
+{
+	const struct contract_source *kind = cursor_kind();
+	struct under_test t;
+	const struct source_batch *b;
+	struct source_fate f[2] = {
+		{ .outcome = SOURCE_FAILED, .error = "returned", .delay_ms = 3000 },
+		{ .outcome = SOURCE_PUBLISHED },
+	};
+	char got[128];
+
+	fresh();
+	g_poll_ms = 500; /* as above */
+	insert_one("k-0", "key-1", "now()");
+	insert_one("other", NULL, "now()");
+	insert_one("k-1", "key-1", "now()");
+	insert_one("k-2", "key-1", "now()");
+	open_source(&t, kind, &g_fx, "contract-a");
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "k-0,other", "one row of a key at a time");
+	cr_assert_eq(source_settle(t.src, b, f), 0, "%s", source_errmsg(t.src));
+	for (int i = 0; i < 3; i++) {
+		char want[8];
+
+		b = next_within(&t);
+		cr_assert_not_null(b, "the key's row %d never came", i);
+		ids(b, got, sizeof(got));
+		snprintf(want, sizeof(want), "k-%d", i);
+		cr_assert_str_eq(got, want, "the key's rows out of order (behind a failed row)");
+		if (i == 0)
+			cr_assert_eq(rows_where("id = 'k-0' AND available_at <= now()"), 1,
+			             "the failed row came back before its delay");
+		settle_all(&t, b, SOURCE_PUBLISHED);
+	}
+	cr_assert_null(next(&t));
+	cr_assert_eq(rows_where("id IN ('k-1', 'k-2') AND attempts = 0"), 2,
+	             "rows held behind a failure were charged");
+	cr_assert_eq(rows_where("id = 'k-0' AND attempts = 1"), 1);
+	close_source(&t);
 }

@@ -261,3 +261,112 @@ Test(status_plans, admin_session_plans_without_workers_or_jit, .timeout = 300)
 	store_free(s);
 	fixture_teardown(&fx);
 }
+
+/* A statement on a cursor table must not read an index of every row either: there the unkeyed
+ * and key indexes hold every row the cursor published (it writes nothing in them). */
+static void check_cursor_plan(PGconn *c, struct store *s, enum store_admin_sql which,
+                              const char *name, const char *t, int n, const char *const *params,
+                              const char *want_index)
+{
+	const char *whole[] = { "_published_idx", "_pkey", "_unkeyed_idx" };
+	char sql[16384], idx[96];
+	char *plan;
+
+	cr_assert_eq(store_admin_sql(s, which, sql, sizeof(sql)), 0, "%s", store_errmsg(s));
+	plan = explain(c, sql, n, params);
+	cr_assert_not(scans_table(plan, t), "%s walks the whole table:\n%s", name, plan);
+	if (want_index)
+		cr_assert(strstr(plan, want_index), "%s does not use %s:\n%s", name, want_index,
+		          plan);
+	for (size_t i = 0; !want_index && i < sizeof(whole) / sizeof(whole[0]); i++) {
+		snprintf(idx, sizeof(idx), "%s%s", t, whole[i]);
+		cr_assert_null(strstr(plan, idx), "%s walks %s:\n%s", name, idx, plan);
+	}
+	free(plan);
+}
+
+/* The cursor's table: 1,000,000 rows it published (no trace, keyed and not), a few deferred
+ * ones behind the position and a few rows above it. */
+Test(status_plans, on_a_cursor_table_they_cost_unpublished_rows_only, .timeout = 300)
+{
+	char pos[24], seq_idx[96], pub_idx[96];
+	struct fixture fx;
+	struct store_status st;
+	struct store *s;
+	int64_t n = -1;
+
+	fixture_setup(&fx, "plans_cursor", &(struct fixture_options){ .no_consumer = true });
+	harness_pg_exec(fx.pg, "SET session_replication_role = replica");
+	harness_pg_exec(fx.pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key,"
+	                " created_at) SELECT 'pub-' || lpad(g::text, 7, '0'), 'ex', 'rk', '{}',"
+	                " CASE WHEN g %% 2 = 0 THEN 'K' || (g %% 100) END,"
+	                " CASE WHEN g <= %d THEN now() - interval '2 days' ELSE now() END"
+	                " FROM generate_series(1, %d) g",
+	                fx.table, OLD_ROWS, PUBLISHED);
+	harness_pg_exec(fx.pg, "RESET session_replication_role");
+	/* Deferred behind the position: 4 dead (two keyed: K2, K4), K1's head failed and
+	 * waiting, 3 pending; all 8 among the old rows. */
+	harness_pg_exec(fx.pg,
+	                "UPDATE %s SET deferred_at = now(), attempts = CASE WHEN seq <= 4 THEN 3"
+	                " WHEN seq = 2000 THEN 1 ELSE 0 END, available_at = CASE WHEN seq = 2000"
+	                " THEN now() + interval '1 hour' ELSE now() END,"
+	                " ordering_key = CASE WHEN seq = 2000 THEN 'K1' ELSE ordering_key END"
+	                " WHERE seq IN (1, 2, 3, 4, 2000, 3001, 3003, 3005)",
+	                fx.table);
+	harness_pg_exec(
+	        fx.pg, "INSERT INTO %s_position (stream, position) SELECT 'main', max(seq) FROM %s",
+	        fx.table, fx.table);
+	harness_pg_exec(fx.pg,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	                " SELECT 'p-' || g, 'ex', 'rk', '{}', CASE WHEN g %% 2 = 0 THEN 'K2' END"
+	                " FROM generate_series(1, 20) g",
+	                fx.table);
+	for (int i = 0; i < 300 && harness_pg_int(fx.pg,
+	                                          "SELECT COALESCE((SELECT n_tup_ins FROM"
+	                                          " pg_stat_user_tables WHERE relid ="
+	                                          " '%s'::regclass), 0)",
+	                                          fx.table) < PUBLISHED + 20;
+	     i++)
+		harness_sleep_ms(100);
+	harness_pg_exec(fx.pg, "ANALYZE %s", fx.table);
+	snprintf(pos, sizeof(pos), "%d", PUBLISHED);
+
+	s = open_admin(&fx);
+	{
+		const char *max_pos[2] = { "3", pos };
+		const char *max_lim_pos[3] = { "3", "100", pos };
+		const char *purge[4] = { "86400000", "5000", pos, "0" };
+
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_STATUS, "status", fx.table, 2, max_pos,
+		                  NULL);
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_DEAD, "dead", fx.table, 3, max_lim_pos,
+		                  NULL);
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_BLOCKED, "keys --blocked", fx.table, 3,
+		                  max_lim_pos, NULL);
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_REQUEUE_DEAD, "requeue --all-dead",
+		                  fx.table, 2, max_pos, NULL);
+		snprintf(seq_idx, sizeof(seq_idx), "%s_seq_key", fx.table);
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_PURGE_BEHIND, "purge", fx.table, 4,
+		                  purge, seq_idx);
+		snprintf(pub_idx, sizeof(pub_idx), "%s_published_idx", fx.table);
+		check_cursor_plan(fx.pg, s, STORE_SQL_CURSOR_PURGE, "purge", fx.table, 3, purge,
+		                  pub_idx);
+	}
+
+	cr_assert_eq(store_status(s, &st), 0, "%s", store_errmsg(s));
+	cr_expect_eq(st.pending, 20 + 4, "p-1..p-20, the row at 2000 and 3001, 3003, 3005");
+	cr_expect_eq(st.dead, 4);
+	cr_expect_eq(st.blocked_keys, 3, "K2 and K4 (dead heads at seq 2 and 4) and K1");
+	cr_expect_str_eq(st.oldest_blocked_key, "K2");
+	cr_expect(st.published > PUBLISHED * 9 / 10 && st.published < PUBLISHED * 11 / 10,
+	          "published %lld, expected about %d", (long long)st.published, PUBLISHED);
+	/* The rows the cursor published before the cut-off, not the deferred ones among them. */
+	cr_assert_eq(store_purge(s, 86400000, 3000, NULL, &n), 0, "%s", store_errmsg(s));
+	cr_expect_eq(n, OLD_ROWS - 8, "purged %lld", (long long)n);
+	cr_expect_eq(harness_pg_int(fx.pg, "SELECT count(*) FROM %s WHERE deferred_at IS NOT NULL",
+	                            fx.table),
+	             8);
+	store_free(s);
+	fixture_teardown(&fx);
+}

@@ -62,11 +62,13 @@ void fixture_teardown(struct fixture *fx)
 			 * down with it when the connection closes. */
 			if (PQtransactionStatus(fx->pg) != PQTRANS_IDLE)
 				PQclear(PQexec(fx->pg, "ROLLBACK"));
-			/* The function is no part of the table: CASCADE leaves it behind. */
+			/* The function and the cursor source's position table (migrate makes
+			 * it beside the table) are no part of the table: CASCADE leaves them. */
 			harness_pg_exec(fx->pg,
 			                "DROP TABLE IF EXISTS %s CASCADE;"
+			                " DROP TABLE IF EXISTS %s_position;"
 			                " DROP FUNCTION IF EXISTS %s_wakeup_notify()",
-			                fx->table, fx->table);
+			                fx->table, fx->table, fx->table);
 			if (fx->drop_later[0] != '\0')
 				harness_pg_exec(fx->pg, "%s", fx->drop_later);
 		}

@@ -356,14 +356,98 @@ void harness_insert_rows(PGconn *c, const char *table, size_t n, const char *exc
 	harness_pg_exec(c, "COMMIT");
 }
 
+/* ---- the row source under test ---- */
+
+const char *harness_source(void)
+{
+	const char *v = getenv("RELAY_TEST_SOURCE");
+
+	if (v == NULL || v[0] == '\0')
+		return "lease";
+	cr_assert(strcmp(v, "lease") == 0 || strcmp(v, "cursor") == 0,
+	          "RELAY_TEST_SOURCE is '%s': lease or cursor", v);
+	return v;
+}
+
+bool harness_source_is_cursor(void)
+{
+	return strcmp(harness_source(), "cursor") == 0;
+}
+
+/* A few buffers in turn, so that one statement may use several conditions. */
+#define COND_BUFS 4
+#define COND_MAX  512
+
+const char *harness_unpublished(const char *table)
+{
+	static char bufs[COND_BUFS][COND_MAX];
+	static unsigned next;
+	char *b = bufs[next++ % COND_BUFS];
+	int n;
+
+	if (!harness_source_is_cursor())
+		return "published_at IS NULL";
+	/* The cursor writes nothing into a row it publishes on its main path: a row is
+	 * published when the position covers it and it was not set aside (deferred), or when
+	 * the exception path marked it. No position row yet: nothing was published that way. */
+	n = snprintf(b, COND_MAX,
+	             "(published_at IS NULL AND (deferred_at IS NOT NULL OR seq > coalesce("
+	             "(SELECT position FROM %s_position WHERE stream = 'main'), 0)))",
+	             table);
+	cr_assert(n > 0 && n < COND_MAX, "table name too long: %s", table);
+	return b;
+}
+
+const char *harness_published(const char *table)
+{
+	static char bufs[COND_BUFS][COND_MAX + 16];
+	static unsigned next;
+	char *b = bufs[next++ % COND_BUFS];
+
+	if (!harness_source_is_cursor())
+		return "published_at IS NOT NULL";
+	snprintf(b, COND_MAX + 16, "NOT %s", harness_unpublished(table));
+	return b;
+}
+
+int64_t harness_unpublished_count(PGconn *c, const char *table)
+{
+	return harness_pg_int(c, "SELECT count(*) FROM %s WHERE %s", table,
+	                      harness_unpublished(table));
+}
+
+int64_t harness_cursor_position(PGconn *c, const char *table)
+{
+	return harness_pg_int(c,
+	                      "SELECT coalesce((SELECT position FROM %s_position"
+	                      " WHERE stream = 'main'), -1)",
+	                      table);
+}
+
+char *harness_cursor_leader(PGconn *c, const char *table)
+{
+	return harness_pg_string(c, "SELECT leader FROM %s_position WHERE stream = 'main'", table);
+}
+
 /* ---- processes ---- */
 
-/* The relay's clean environment (process_env_relay()) with this test's servers. */
+/* The relay's clean environment (process_env_relay()) with this test's servers and row
+ * source (RELAY_TEST_SOURCE, before extra: a test that names OUTBOX_RELAY_SOURCE wins). */
 static void build_env(struct process_env *e, const char *table, const char *const *extra)
 {
 	const char *pg = harness_pg_conninfo(), *amqp = harness_amqp_url();
+	const char *merged[PROCESS_ENV_MAX + 1];
+	char source[64];
+	size_t n = 0;
 
-	cr_assert_eq(process_env_relay(e, pg, amqp, table, extra), 0,
+	snprintf(source, sizeof(source), "OUTBOX_RELAY_SOURCE=%s", harness_source());
+	merged[n++] = source;
+	for (const char *const *p = extra; p && *p; p++) {
+		cr_assert_lt(n, PROCESS_ENV_MAX, "more than %d variables", PROCESS_ENV_MAX);
+		merged[n++] = *p;
+	}
+	merged[n] = NULL;
+	cr_assert_eq(process_env_relay(e, pg, amqp, table, merged), 0,
 	             "could not build the environment (more than %d variables, or one too long)",
 	             PROCESS_ENV_MAX);
 }

@@ -28,6 +28,27 @@ const char *harness_require_env(const char *name);
 /* AMQP host and port parsed from RELAY_TEST_AMQP (for the TCP proxy). */
 int harness_amqp_port(void);
 
+/* ---- the row source under test ----
+ * RELAY_TEST_SOURCE (`lease`, the default, or `cursor`) is the relay.source of every relay and
+ * command this harness starts (OUTBOX_RELAY_SOURCE, unless the test's env names it): ctest
+ * runs each fault test under both (tests/CMakeLists.txt). Tests branch on it only where the
+ * two sources keep the contract in different ways (docs/design.md, "The source seam"). */
+const char *harness_source(void); /* "lease" or "cursor"; fails the test on anything else */
+bool harness_source_is_cursor(void);
+/* SQL conditions on a row of table (unqualified columns, for a WHERE on table itself): the
+ * row is unpublished (pending or dead) / published, as the source under test records it. The
+ * lease source marks every row (published_at); the cursor publishes the rows its position
+ * covers without writing them, and marks only the rows it set aside (deferred_at). Borrowed:
+ * each call's string stays valid for the next three calls. */
+const char *harness_unpublished(const char *table);
+const char *harness_published(const char *table);
+/* Rows of table unpublished (pending or dead) under the source under test. */
+int64_t harness_unpublished_count(PGconn *c, const char *table);
+/* The cursor's position on table (its <table>_position row), -1 while there is none; and the
+ * relay.id of the relay that leads it, a new string (free()), NULL when none is recorded. */
+int64_t harness_cursor_position(PGconn *c, const char *table);
+char *harness_cursor_leader(PGconn *c, const char *table);
+
 /* ---- names ---- */
 /* Writes "<prefix>_<pid>_<counter>_<random>" in lowercase into buf: unique across processes
  * and calls, and a valid SQL identifier / queue / exchange name when prefix is one. */
