@@ -133,11 +133,11 @@ int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err,
 	return rc;
 }
 
-size_t db_relay_sessions(PGconn *c, pid_t *pids)
+size_t db_relay_sessions(PGconn *c, pid_t *pids, char (*names)[DB_APP_NAME_LEN])
 {
-	PGresult *r =
-	        PQexec(c, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-	                  " AND application_name LIKE 'outbox-relay%'");
+	PGresult *r = PQexec(c, "SELECT pid, application_name FROM pg_stat_activity"
+	                        " WHERE datname = current_database()"
+	                        " AND application_name LIKE 'outbox-relay%' ORDER BY 2, 1");
 	size_t n = 0;
 
 	for (int i = 0;
@@ -148,8 +148,11 @@ size_t db_relay_sessions(PGconn *c, pid_t *pids)
 
 		errno = 0;
 		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
-		if (errno == 0 && *end == '\0' && pid > 0)
-			pids[n++] = (pid_t)pid;
+		if (errno != 0 || *end != '\0' || pid <= 0)
+			continue;
+		if (names)
+			snprintf(names[n], DB_APP_NAME_LEN, "%s", PQgetvalue(r, i, 1));
+		pids[n++] = (pid_t)pid;
 	}
 	PQclear(r);
 	return n;

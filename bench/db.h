@@ -45,11 +45,13 @@ int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *t
 int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
         __attribute__((warn_unused_result));
 #define DB_MAX_RELAY_SESSIONS 16
+#define DB_APP_NAME_LEN       64
 
 /* The server processes of the relays' sessions in this database now (their application_name
  * starts with outbox-relay: workers and maintenance), at most DB_MAX_RELAY_SESSIONS into
- * pids; how many (0 on any error, nothing reported). */
-size_t db_relay_sessions(PGconn *c, pid_t *pids);
+ * pids and, unless names is NULL, their application_name into names; how many (0 on any
+ * error, nothing reported). */
+size_t db_relay_sessions(PGconn *c, pid_t *pids, char (*names)[DB_APP_NAME_LEN]);
 /* Drops table, its wake-up flag and its position; errors are ignored (the run is over for
  * it). */
 void db_table_drop(PGconn *c, const char *table);

@@ -47,14 +47,21 @@ static void unpublished_sql(const struct bench *b, const char *table, char *sql,
 		snprintf(sql, len, "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
 }
 
-/* The CPU the relay's sessions have spent so far per message, n messages: they began after
- * the drain did, so it is theirs in the drain. */
-static double relay_sessions_us(PGconn *c, long n)
+/* The CPU the relay's sessions have spent so far per message, n messages, into d: each
+ * session's and their sum. They began after the drain did, so it is theirs in the drain. */
+static void relay_sessions_us(PGconn *c, long n, struct drain *d)
 {
 	pid_t pids[DB_MAX_RELAY_SESSIONS];
-	size_t k = db_relay_sessions(c, pids);
+	char names[DB_MAX_RELAY_SESSIONS][DB_APP_NAME_LEN];
+	size_t k = db_relay_sessions(c, pids, names);
 
-	return k > 0 ? cpu_pids_s(pids, k) * 1e6 / (double)n : NAN;
+	d->pg_relay_us = k > 0 ? cpu_pids_s(pids, k) * 1e6 / (double)n : NAN;
+	d->n_sessions = 0;
+	for (size_t i = 0; i < k; i++) {
+		snprintf(d->sessions[i].name, sizeof(d->sessions[i].name), "%s", names[i]);
+		d->sessions[i].us = cpu_pids_s(&pids[i], 1) * 1e6 / (double)n;
+		d->n_sessions++;
+	}
 }
 
 int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
@@ -133,7 +140,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	}
 	d->secs = (double)(bench_mono_us() - t0) / 1e6;
 	cpu_sample(&cz, rp.pid);
-	d->pg_relay_us = relay_sessions_us(c, n);
+	relay_sessions_us(c, n, d);
 	wal_mark_lsn(c, &wz);
 	d->first_s = (double)(t.first_us - t0) / 1e6;
 	d->rate = (double)n / d->secs;
@@ -174,10 +181,14 @@ void drain_print_cost(const char *what, const struct drain *d, long n)
 	char note[96];
 
 	cpu_print(what, &d->cpu, true);
-	if (!isnan(d->pg_relay_us))
-		printf("%s: postgres cpu per message in the relay's sessions: %.1f us (the "
-		       "server's other processes: %.1f us)\n",
-		       what, d->pg_relay_us, d->cpu.pg_us - d->pg_relay_us);
+	if (!isnan(d->pg_relay_us)) {
+		printf("%s: postgres cpu per message in the relay's sessions: %.1f us (", what,
+		       d->pg_relay_us);
+		for (size_t i = 0; i < d->n_sessions; i++)
+			printf("%s%s %.1f us", i ? ", " : "", d->sessions[i].name,
+			       d->sessions[i].us);
+		printf("); the server's other processes: %.1f us\n", d->cpu.pg_us - d->pg_relay_us);
+	}
 	wal_print(what, "message", NULL, &d->wal);
 	snprintf(note, sizeof(note), "one INSERT ... SELECT of %ld rows, then VACUUM ANALYZE", n);
 	wal_print(what, "pre-filled row", note, &d->fill_wal);

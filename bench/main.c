@@ -133,6 +133,7 @@ static void print_facts(struct bench *b)
 	char rmqv[64] = "unknown", err[256];
 	struct utsname u;
 	FILE *f = fopen("/proc/cpuinfo", "r");
+	bool lease = bench_measures(b, BENCH_LEASE), cursor = bench_measures(b, BENCH_CURSOR);
 	PGconn *c;
 	amqp_connection_state_t m;
 
@@ -174,12 +175,11 @@ static void print_facts(struct bench *b)
 	       b->opt.n_tput, b->opt.n_backlog, b->opt.phase_s, BENCH_BODY_LEN, b->opt.retention,
 	       b->opt.quick ? " (--quick)" : "");
 	printf("topology: %s\n", bench_topology_name(b->opt.topology));
-	printf("sources: %s%s%s\n", bench_measures(b, BENCH_LEASE) ? "lease" : "",
-	       b->opt.sources == 3
-	               ? ", cursor (each measurement that starts the relay runs once for "
-	                 "each, the first of the two alternating from one to the next)"
-	               : "",
-	       b->opt.sources == 2 ? "cursor" : "");
+	printf("sources: %s%s%s%s\n", lease ? "lease" : "", lease && cursor ? ", " : "",
+	       cursor ? "cursor" : "",
+	       lease && cursor ? " (each measurement that starts the relay runs once for each, "
+	                         "the first of the two alternating from one to the next)"
+	                       : "");
 	fflush(stdout);
 }
 

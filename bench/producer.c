@@ -172,7 +172,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 		for (int i = 0; i < PRODUCERS; i++)
 			mine[i] = (pid_t)atomic_load(&pr[i].backend);
 		mine0 = cpu_pids_s(mine, PRODUCERS);
-		n_relays = db_relay_sessions(sc->c, relays);
+		n_relays = db_relay_sessions(sc->c, relays, NULL);
 		relays0 = cpu_pids_s(relays, n_relays);
 	}
 	t0 = bench_mono_us();
