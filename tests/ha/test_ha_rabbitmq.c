@@ -121,12 +121,9 @@ static void finish_rows(struct rig *g, const char *what, struct outcome *o)
 	o->keyed = ha_check_key_order(g->f.pg, g->f.table, g->f.cons, what);
 	o->attempts =
 	        harness_pg_int(g->f.pg, "SELECT count(*) FROM %s WHERE attempts > 0", g->f.table);
-	o->dead = harness_pg_int(g->f.pg,
-	                         "SELECT count(*) FROM %s WHERE published_at IS NULL"
-	                         " AND attempts >= %d",
-	                         g->f.table, MAX_ATTEMPTS);
-	o->unpublished = harness_pg_int(
-	        g->f.pg, "SELECT count(*) FROM %s WHERE published_at IS NULL", g->f.table);
+	o->dead = harness_pg_int(g->f.pg, "SELECT count(*) FROM %s WHERE %s AND attempts >= %d",
+	                         g->f.table, harness_unpublished(g->f.table), MAX_ATTEMPTS);
+	o->unpublished = harness_unpublished_count(g->f.pg, g->f.table);
 }
 
 static void expect_rows(const struct outcome *o, const char *what)
