@@ -8,10 +8,11 @@
 
 void measure_backlog(struct bench *b)
 {
+	const char *what = b->what;
 	struct drain d;
 	double first, last, ratio;
 
-	if (drain_run(b, "backlog", "bench_backlog", b->opt.n_backlog, 0, true, &d) != 0)
+	if (drain_run(b, what, "bench_backlog", b->opt.n_backlog, 0, true, &d) != 0)
 		return;
 	memory_note(b, &d, false);
 	first = d.slice_rate[0];
@@ -20,13 +21,13 @@ void measure_backlog(struct bench *b)
 	bench_set(b, "backlog_first", first);
 	bench_set(b, "backlog_last", last);
 	bench_set(b, "backlog_ratio", ratio);
-	printf("backlog: %ld rows drained in %.1f s (%.0f msgs/s), peak RSS %ld kB; "
+	printf("%s: %ld rows drained in %.1f s (%.0f msgs/s), peak RSS %ld kB; "
 	       "rate per 10 %%:",
-	       b->opt.n_backlog, d.secs, d.rate, d.hwm_kb);
+	       what, b->opt.n_backlog, d.secs, d.rate, d.hwm_kb);
 	for (int i = 0; i < 10; i++)
 		printf(" %.0f", d.slice_rate[i]);
-	printf("\nbacklog: first 10 %% %.0f msgs/s, last 10 %% %.0f msgs/s, ratio %.2f "
+	printf("\n%s: first 10 %% %.0f msgs/s, last 10 %% %.0f msgs/s, ratio %.2f "
 	       "(target >= 0.90: %s)\n",
-	       first, last, ratio, ratio >= 0.9 ? "met" : "MISSED");
-	drain_print_cost("backlog", &d, b->opt.n_backlog);
+	       what, first, last, ratio, ratio >= 0.9 ? "met" : "MISSED");
+	drain_print_cost(what, &d, b->opt.n_backlog);
 }

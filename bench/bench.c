@@ -13,25 +13,86 @@
 
 static volatile sig_atomic_t interrupted;
 
-void bench_declare(struct bench *b, const struct bench_figure *f)
+static const char *const source_names[BENCH_N_SOURCES] = { "lease", "cursor" };
+/* The lease source's keys are the summary's keys from before there were two sources, so that
+ * its figures read as they always have; the cursor's carry this prefix. */
+static const char *const source_prefix[BENCH_N_SOURCES] = { "", "cursor_" };
+
+const char *bench_source_name(enum bench_source s)
 {
+	return s < BENCH_N_SOURCES ? source_names[s] : "?";
+}
+
+bool bench_measures(const struct bench *b, enum bench_source s)
+{
+	return (b->opt.sources & (1u << s)) != 0;
+}
+
+const char *bench_topology_name(enum bench_topology t)
+{
+	static const char *const names[] = { "shared", "split-cores", "broker-core" };
+
+	return t <= BENCH_BROKER_CORE ? names[t] : "?";
+}
+
+double bench_ratio_target(const struct bench *b)
+{
+	return b->opt.topology == BENCH_BROKER_CORE ? 0.90 : 0.80;
+}
+
+static void declare(struct bench *b, const char *prefix, const struct bench_figure *f)
+{
+	int len;
+
 	if (b->n_figures == BENCH_MAX_FIGURES) {
 		fprintf(stderr, "outbox-bench: more than %d figures; raise BENCH_MAX_FIGURES\n",
 		        BENCH_MAX_FIGURES);
 		abort();
 	}
-	b->figures[b->n_figures].f = *f;
+	len = snprintf(b->figures[b->n_figures].key, BENCH_KEY_LEN, "%s%s", prefix, f->key);
+	if (len < 0 || len >= BENCH_KEY_LEN) {
+		fprintf(stderr, "outbox-bench: figure '%s%s' is too long a key\n", prefix, f->key);
+		abort();
+	}
+	b->figures[b->n_figures].decimals = f->decimals;
 	b->figures[b->n_figures].value = NAN;
 	b->n_figures++;
 }
 
+void bench_declare(struct bench *b, const struct bench_figure *f)
+{
+	declare(b, "", f);
+}
+
+void bench_declare_source(struct bench *b, const struct bench_figure *f, enum bench_source s)
+{
+	declare(b, source_prefix[s], f);
+}
+
+/* The index of key as source s's figure, else of key itself; -1 when neither is declared. */
+static long find(const struct bench *b, enum bench_source s, const char *key)
+{
+	char full[BENCH_KEY_LEN];
+
+	snprintf(full, sizeof(full), "%s%s", source_prefix[s], key);
+	for (size_t i = 0; i < b->n_figures; i++) {
+		if (strcmp(b->figures[i].key, full) == 0)
+			return (long)i;
+	}
+	for (size_t i = 0; i < b->n_figures; i++) {
+		if (strcmp(b->figures[i].key, key) == 0)
+			return (long)i;
+	}
+	return -1;
+}
+
 void bench_set(struct bench *b, const char *key, double value)
 {
-	for (size_t i = 0; i < b->n_figures; i++) {
-		if (strcmp(b->figures[i].f.key, key) == 0) {
-			b->figures[i].value = value;
-			return;
-		}
+	long i = find(b, b->source, key);
+
+	if (i >= 0) {
+		b->figures[i].value = value;
+		return;
 	}
 	/* Caught on the first run of a new measurement, not left to print a wrong summary. */
 	fprintf(stderr, "outbox-bench: figure '%s' is in no row of the measurement table\n", key);
@@ -40,11 +101,14 @@ void bench_set(struct bench *b, const char *key, double value)
 
 double bench_get(const struct bench *b, const char *key)
 {
-	for (size_t i = 0; i < b->n_figures; i++) {
-		if (strcmp(b->figures[i].f.key, key) == 0)
-			return b->figures[i].value;
-	}
-	return NAN;
+	return bench_get_source(b, b->source, key);
+}
+
+double bench_get_source(const struct bench *b, enum bench_source s, const char *key)
+{
+	long i = find(b, s, key);
+
+	return i >= 0 ? b->figures[i].value : NAN;
 }
 
 void bench_fail(struct bench *b, const char *what, const char *fmt, ...)

@@ -9,13 +9,29 @@
 #include <stdint.h>
 
 #define BENCH_BODY_LEN     1024 /* the body of every message, in bytes */
-#define BENCH_MAX_FIGURES  64   /* summary keys over all measurements */
+#define BENCH_MAX_FIGURES  128  /* summary keys over all measurements */
+#define BENCH_KEY_LEN      48   /* a summary key, its source's prefix included */
 #define BENCH_ROW_FIGURES  10   /* summary keys of one measurement */
 #define BENCH_BATCH_DFLT   500  /* relay.batch_size when --batch is not given */
 #define BENCH_WORKERS_DFLT 1    /* relay.workers when --workers is not given */
 /* The load run's commits per second when --load-rate is not given and the relay's throughput
  * was not measured in the same run (it is half of that otherwise). */
 #define BENCH_LOAD_RATE_DFLT 4000
+
+/* The relay's row sources (relay.source): a measurement that starts the relay runs once for
+ * each source the run selects (--source), its figures kept apart. */
+enum bench_source {
+	BENCH_LEASE,  /* a lease written into each row, each row marked: the summary's bare keys */
+	BENCH_CURSOR, /* one position per table: its keys carry the prefix "cursor_" */
+	BENCH_N_SOURCES
+};
+
+/* Where the servers run (bench/run's pinning), for the targets that depend on it. */
+enum bench_topology {
+	BENCH_SHARED,      /* everything shares the machine's cores (the default) */
+	BENCH_SPLIT_CORES, /* PostgreSQL alone on CPU 0 (--split-cores) */
+	BENCH_BROKER_CORE  /* RabbitMQ alone on CPU 1 (--broker-core): production's shape */
+};
 
 struct bench_options {
 	const char *pg;    /* libpq conninfo (RELAY_TEST_PG) */
@@ -31,6 +47,8 @@ struct bench_options {
 	long batch;            /* relay.batch_size for every relay run (0 = BENCH_BATCH_DFLT) */
 	const char *retention; /* relay.retention for every relay run ("0": delete on confirm) */
 	long load_rate;        /* the load run's commits/s (0 = half the relay's, see load.c) */
+	unsigned sources;      /* bit (1u << enum bench_source) for each source to measure */
+	enum bench_topology topology;
 };
 
 /* A key of the summary line and how many decimals its value gets there. */
@@ -40,13 +58,19 @@ struct bench_figure {
 };
 
 /* The run: options, failures so far and every figure of the summary line (NAN until a
- * measurement sets it; printed as "-" then). */
+ * measurement sets it; printed as "-" then); the source being measured and the label of the
+ * measurement's lines. */
 struct bench {
 	struct bench_options opt;
 	int failures;
+	enum bench_source source; /* the relay's source in the measurement that runs now */
+	/* What the running measurement calls itself in its lines and failures: its name, and
+	 * "<name>/<source>" for a measurement that runs once per source ("relay/cursor"). */
+	char what[BENCH_KEY_LEN];
 	size_t n_figures;
 	struct {
-		struct bench_figure f;
+		char key[BENCH_KEY_LEN];
+		int decimals;
 		double value;
 	} figures[BENCH_MAX_FIGURES];
 };
@@ -54,6 +78,9 @@ struct bench {
 /* One row of the driver's table: a measurement. */
 struct bench_measurement {
 	const char *name; /* for --only; its output lines start with "<name>: " */
+	/* Runs once per selected source (it starts the relay), its output lines starting with
+	 * "<name>/<source>: " and its keys declared once per source (bench_declare_source()). */
+	bool per_source;
 	/* Measures and prints its figures; NULL for a row that only reports. A measurement
 	 * that cannot finish calls bench_fail() and returns: the run goes on with the next. */
 	void (*run)(struct bench *b);
@@ -74,14 +101,33 @@ void measure_backlog(struct bench *b);  /* backlog.c */
 void measure_keys(struct bench *b);     /* keys.c */
 void measure_sources(struct bench *b);  /* sources.c */
 void report_memory(struct bench *b);    /* memory.c */
+void report_versus(struct bench *b);    /* versus.c */
+
+/* ---- sources ---- */
+/* "lease" or "cursor": relay.source's value. */
+const char *bench_source_name(enum bench_source s);
+/* Whether the run measures source s. */
+bool bench_measures(const struct bench *b, enum bench_source s);
+/* "shared", "split-cores" or "broker-core": as bench/run's options name them. */
+const char *bench_topology_name(enum bench_topology t);
+/* The relay's throughput target as a share of the broker's limit: 0.90 with the broker on a
+ * core of its own (the shape that predicts production), 0.80 otherwise (issue 37). */
+double bench_ratio_target(const struct bench *b);
 
 /* ---- figures ---- */
 /* Declares key on the summary line (the driver does, from its table). */
 void bench_declare(struct bench *b, const struct bench_figure *f);
-/* Sets a declared figure; a key nobody declared is a bug in the benchmark: it aborts. */
+/* Declares key as source s's figure: key itself for the lease source, "cursor_<key>" for
+ * the cursor. */
+void bench_declare_source(struct bench *b, const struct bench_figure *f, enum bench_source s);
+/* Sets a declared figure: the current source's (b->source) when key was declared per source,
+ * else key itself. A key nobody declared is a bug in the benchmark: it aborts. */
 void bench_set(struct bench *b, const char *key, double value);
-/* A figure's value, NAN when it was not measured (or not declared). */
+/* A figure's value, the current source's as bench_set() picks it; NAN when it was not
+ * measured (or not declared). */
 double bench_get(const struct bench *b, const char *key);
+/* Source s's figure key, whichever source is current; NAN as bench_get(). */
+double bench_get_source(const struct bench *b, enum bench_source s, const char *key);
 
 /* ---- failures ---- */
 /* A measurement that could not finish says so ("<what>: FAILED: ...") and counts as failed. */

@@ -2,6 +2,7 @@
  * the database, each error reported once as the measurement's failure. */
 #include "bench/db.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,9 @@ int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *tab
 	char sql[256];
 
 	snprintf(sql, sizeof(sql),
-	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup; "
+	         "DROP TABLE IF EXISTS %s_position",
+	         table, table, table);
 	if (db_exec(b, c, what, sql) != 0)
 		return -1;
 	return proc_migrate(b, what, table);
@@ -130,6 +133,31 @@ int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err,
 	return rc;
 }
 
+size_t db_relay_sessions(PGconn *c, pid_t *pids, char (*names)[DB_APP_NAME_LEN])
+{
+	PGresult *r = PQexec(c, "SELECT pid, application_name FROM pg_stat_activity"
+	                        " WHERE datname = current_database()"
+	                        " AND application_name LIKE 'outbox-relay%' ORDER BY 2, 1");
+	size_t n = 0;
+
+	for (int i = 0;
+	     PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r) && n < DB_MAX_RELAY_SESSIONS;
+	     i++) {
+		char *end;
+		long pid;
+
+		errno = 0;
+		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
+		if (errno != 0 || *end != '\0' || pid <= 0)
+			continue;
+		if (names)
+			snprintf(names[n], DB_APP_NAME_LEN, "%s", PQgetvalue(r, i, 1));
+		pids[n++] = (pid_t)pid;
+	}
+	PQclear(r);
+	return n;
+}
+
 void db_table_drop(PGconn *c, const char *table)
 {
 	char sql[256];
@@ -137,7 +165,9 @@ void db_table_drop(PGconn *c, const char *table)
 	if (!c)
 		return;
 	snprintf(sql, sizeof(sql),
-	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup", table, table);
+	         "DROP TABLE IF EXISTS %s CASCADE; DROP TABLE IF EXISTS %s_wakeup; "
+	         "DROP TABLE IF EXISTS %s_position",
+	         table, table, table);
 	/* Nothing to do on an error: the measurement is over, and the next run of the same
 	 * name drops the table first anyway. */
 	if (pgsql_exec(c, sql, NULL, 0) != 0)

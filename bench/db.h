@@ -4,6 +4,7 @@
 #define OUTBOX_BENCH_DB_H
 
 #include <stddef.h>
+#include <sys/types.h>
 #include <libpq-fe.h>
 
 #include "bench/bench.h"
@@ -20,8 +21,8 @@ long long db_count(PGconn *c, const char *sql);
 /* First column of the first row as text into out; out unchanged on any error. */
 void db_show(PGconn *c, const char *sql, char *out, size_t outlen);
 
-/* Drops table and its wake-up flag, then lets the relay create them (`outbox-relay
- * migrate`) as operators do. -1 after bench_fail(what). */
+/* Drops table, its wake-up flag and its position (the cursor source's), then lets the relay
+ * create them (`outbox-relay migrate`) as operators do. -1 after bench_fail(what). */
 int db_table_fresh(struct bench *b, PGconn *c, const char *what, const char *table)
         __attribute__((warn_unused_result));
 /* n rows of BENCH_BODY_LEN bytes, routed by the default exchange to the queue named like the
@@ -43,7 +44,16 @@ int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *t
  * so any thread may call it. */
 int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
         __attribute__((warn_unused_result));
-/* Drops table and its wake-up flag; errors are ignored (the run is over for it). */
+#define DB_MAX_RELAY_SESSIONS 16
+#define DB_APP_NAME_LEN       64
+
+/* The server processes of the relays' sessions in this database now (their application_name
+ * starts with outbox-relay: workers and maintenance), at most DB_MAX_RELAY_SESSIONS into
+ * pids and, unless names is NULL, their application_name into names; how many (0 on any
+ * error, nothing reported). */
+size_t db_relay_sessions(PGconn *c, pid_t *pids, char (*names)[DB_APP_NAME_LEN]);
+/* Drops table, its wake-up flag and its position; errors are ignored (the run is over for
+ * it). */
 void db_table_drop(PGconn *c, const char *table);
 
 #endif

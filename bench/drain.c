@@ -30,6 +30,40 @@ static void on_delivery(const struct consumer_delivery *dv, void *arg)
 		t->slice_us[n / t->slice - 1] = dv->mono_us;
 }
 
+/* The count of the rows not yet dealt with. The lease source marks each row it published;
+ * the cursor source marks none: every row at or below its position is dealt with, published
+ * or deferred (and a deferred row is unpublished until marked). Before the cursor has
+ * written its position, every row counts. */
+static void unpublished_sql(const struct bench *b, const char *table, char *sql, size_t len)
+{
+	if (b->source == BENCH_CURSOR)
+		snprintf(
+		        sql, len,
+		        "SELECT count(*) FROM %s WHERE published_at IS NULL AND (deferred_at IS "
+		        "NOT NULL OR seq > coalesce((SELECT position FROM %s_position WHERE stream "
+		        "= 'main'), 0))",
+		        table, table);
+	else
+		snprintf(sql, len, "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+}
+
+/* The CPU the relay's sessions have spent so far per message, n messages, into d: each
+ * session's and their sum. They began after the drain did, so it is theirs in the drain. */
+static void relay_sessions_us(PGconn *c, long n, struct drain *d)
+{
+	pid_t pids[DB_MAX_RELAY_SESSIONS];
+	char names[DB_MAX_RELAY_SESSIONS][DB_APP_NAME_LEN];
+	size_t k = db_relay_sessions(c, pids, names);
+
+	d->pg_relay_us = k > 0 ? cpu_pids_s(pids, k) * 1e6 / (double)n : NAN;
+	d->n_sessions = 0;
+	for (size_t i = 0; i < k; i++) {
+		snprintf(d->sessions[i].name, sizeof(d->sessions[i].name), "%s", names[i]);
+		d->sessions[i].us = cpu_pids_s(&pids[i], 1) * 1e6 / (double)n;
+		d->n_sessions++;
+	}
+}
+
 int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
               struct drain *d)
 {
@@ -39,7 +73,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	struct drain_times t = { 0 };
 	struct cpu_sample ca, cz;
 	struct wal_point fa, fz, wa, wz;
-	char sql[256], slot[64] = "";
+	char sql[512], slot[64] = "";
 	int64_t t0, deadline, last_print;
 	long long left = -1;
 	int rc = -1;
@@ -61,7 +95,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	t.slice = slices ? n / 10 : 0;
 	if (mq_consume(b, what, table, on_delivery, &t, &k) != 0)
 		goto out;
-	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE published_at IS NULL", table);
+	unpublished_sql(b, table, sql, sizeof(sql));
 	/* The drain's WAL stays on disk until pg_waldump has read it, checkpoints or not. */
 	wal_hold(c, slot, sizeof(slot));
 	wal_mark_stats(c, &wa);
@@ -106,6 +140,7 @@ int drain_run(struct bench *b, const char *what, const char *table, long n, int 
 	}
 	d->secs = (double)(bench_mono_us() - t0) / 1e6;
 	cpu_sample(&cz, rp.pid);
+	relay_sessions_us(c, n, d);
 	wal_mark_lsn(c, &wz);
 	d->first_s = (double)(t.first_us - t0) / 1e6;
 	d->rate = (double)n / d->secs;
@@ -146,6 +181,14 @@ void drain_print_cost(const char *what, const struct drain *d, long n)
 	char note[96];
 
 	cpu_print(what, &d->cpu, true);
+	if (!isnan(d->pg_relay_us)) {
+		printf("%s: postgres cpu per message in the relay's sessions: %.1f us (", what,
+		       d->pg_relay_us);
+		for (size_t i = 0; i < d->n_sessions; i++)
+			printf("%s%s %.1f us", i ? ", " : "", d->sessions[i].name,
+			       d->sessions[i].us);
+		printf("); the server's other processes: %.1f us\n", d->cpu.pg_us - d->pg_relay_us);
+	}
 	wal_print(what, "message", NULL, &d->wal);
 	snprintf(note, sizeof(note), "one INSERT ... SELECT of %ld rows, then VACUUM ANALYZE", n);
 	wal_print(what, "pre-filled row", note, &d->fill_wal);

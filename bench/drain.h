@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "bench/cpu.h"
+#include "bench/db.h"
 #include "bench/wal.h"
 
 struct drain {
@@ -20,6 +21,15 @@ struct drain {
 	 * party, and the WAL (its pg_stat_wal part until the relay has stopped, when its
 	 * backends have reported). */
 	struct cpu_cost cpu;
+	/* Of cpu.pg_us, what the relay's own sessions spent (from their start, after the
+	 * drain's): the rest is the server's other processes (autovacuum, checkpointer, WAL
+	 * writer). NAN when unknown. And each session's part, by application_name. */
+	double pg_relay_us;
+	size_t n_sessions;
+	struct {
+		char name[DB_APP_NAME_LEN];
+		double us;
+	} sessions[DB_MAX_RELAY_SESSIONS];
 	struct wal_cost wal;
 	struct wal_cost fill_wal; /* per row, of the pre-fill (no breakdown) */
 };

@@ -14,7 +14,7 @@
 
 void measure_idle(struct bench *b)
 {
-	const char *what = "idle", *table = "bench_idle";
+	const char *what = b->what, *table = "bench_idle";
 	long samples = (long)IDLE_RATE * b->opt.phase_s, sent = 0, got = 0;
 	PGconn *c = db_open(b, what), *p = NULL;
 	struct consumer *k = NULL;
@@ -83,10 +83,10 @@ void measure_idle(struct bench *b)
 	bench_set(b, "p50_ms", p50);
 	bench_set(b, "p95_ms", p95);
 	bench_set(b, "p99_ms", p99);
-	printf("idle: %ld single-row commits at %d/s, commit -> consumer receive: p50 %.2f ms, "
+	printf("%s: %ld single-row commits at %d/s, commit -> consumer receive: p50 %.2f ms, "
 	       "p95 %.2f ms, p99 %.2f ms, max %.2f ms "
 	       "(targets p50 <= 2 ms: %s, p99 <= 10 ms: %s)\n",
-	       got, IDLE_RATE, p50, p95, p99, (double)v[got - 1] / 1000.0,
+	       what, got, IDLE_RATE, p50, p95, p99, (double)v[got - 1] / 1000.0,
 	       p50 <= 2.0 ? "met" : "MISSED", p99 <= 10.0 ? "met" : "MISSED");
 out:
 	PQfinish(p);

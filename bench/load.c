@@ -95,7 +95,8 @@ static double load_rate(const struct bench *b, char *why, size_t len)
 		return (double)b->opt.load_rate;
 	}
 	if (!isnan(relay) && relay >= 2) {
-		snprintf(why, len, "half the relay's %.0f msgs/s", relay);
+		snprintf(why, len, "half the %s source's drain, %.0f msgs/s",
+		         bench_source_name(b->source), relay);
 		return floor(relay / 2);
 	}
 	snprintf(why, len, "default: the relay was not measured in this run");
@@ -104,7 +105,7 @@ static double load_rate(const struct bench *b, char *why, size_t len)
 
 void measure_load(struct bench *b)
 {
-	const char *what = "load", *table = "bench_load";
+	const char *what = b->what, *table = "bench_load";
 	char why[96];
 	double rate = load_rate(b, why, sizeof(why)), achieved;
 	long rows = (long)llround(rate * b->opt.phase_s), committed = 0, got, n = 0;
@@ -231,16 +232,18 @@ join:
 	bench_set(b, "load_rate", achieved);
 	bench_set(b, "load_p50_ms", p50);
 	bench_set(b, "load_p99_ms", p99);
-	printf("load: %d connections, single-row commits paced at %.0f/s (%s) for %d s: %ld "
+	printf("%s: %d connections, single-row commits paced at %.0f/s (%s) for %d s: %ld "
 	       "commits at %.0f/s achieved, %ld delivered (%ld repeated); the commit itself p50 "
 	       "%.2f ms, p99 %.2f ms\n",
-	       LOAD_PRODUCERS, rate, why, b->opt.phase_s, committed, achieved, got,
+	       what, LOAD_PRODUCERS, rate, why, b->opt.phase_s, committed, achieved, got,
 	       atomic_load(&lat.repeated), r50, r99);
-	printf("load: commit -> consumer receive: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max "
+	printf("%s: commit -> consumer receive: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max "
 	       "%.2f ms (target p99 <= 10 ms: %s)\n",
-	       p50, p95, p99, (double)v[n - 1] / 1000.0, p99 <= 10.0 ? "met" : "MISSED");
+	       what, p50, p95, p99, (double)v[n - 1] / 1000.0, p99 <= 10.0 ? "met" : "MISSED");
 	cpu_cost(&ca, &cz, committed, &cost);
 	cpu_print(what, &cost, true);
+	/* The producers' inserts included: the sources differ by what the relay adds to them. */
+	bench_set(b, "load_pg_us", cost.pg_us);
 out:
 	proc_relay_stop(b, &rp, what);
 	consumer_stop(k);

@@ -9,9 +9,13 @@
  *   It stands on db.h (connections, outbox tables), mq.h (queues, the measuring consumer),
  *   proc.h (the relay process, /proc), drain.h (the relay draining a pre-filled table) and
  *   memory.h (note the relay's peak RSS). CMake picks the file up by itself.
- * - its row in `measurements`: the name for --only, the function, and the keys it sets, which
- *   are appended to the summary line in table order ("-" when it did not run). A target of its
- *   own goes on the targets line in print_summary(). */
+ * - its row in `measurements`: the name for --only, whether it runs once per row source (a
+ *   measurement that starts the relay does: --source), the function, and the keys it sets,
+ *   which are appended to the summary line in table order ("-" when it did not run), the
+ *   lease source's as they are and the cursor source's with the prefix "cursor_". A target
+ *   of its own goes on the targets line in print_summary().
+ * A measurement run per source prints its lines as "<name>/<source>: ..." (b->what) and
+ * finds its source in b->source; bench_set() and bench_get() pick that source's keys. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -30,8 +34,9 @@
 /* In the order they run. A row without a function only reports, after every run, on figures
  * others noted (memory: the relay, backlog and keys runs note their relay's peak RSS). */
 static const struct bench_measurement measurements[] = {
-	{ "limit", measure_limit, NULL, { { "limit", 0 } } },
+	{ "limit", false, measure_limit, NULL, { { "limit", 0 } } },
 	{ "relay",
+	  true,
 	  measure_relay,
 	  NULL,
 	  { { "relay", 0 },
@@ -40,13 +45,16 @@ static const struct bench_measurement measurements[] = {
 	    { "mq_us", 1 },
 	    { "relay_us", 1 },
 	    { "wal_bytes", 0 },
+	    { "wal_records", 3 },
 	    { "wal_insert_bytes", 0 } } },
-	{ "idle", measure_idle, NULL, { { "p50_ms", 2 }, { "p95_ms", 2 }, { "p99_ms", 2 } } },
+	{ "idle", true, measure_idle, NULL, { { "p50_ms", 2 }, { "p95_ms", 2 }, { "p99_ms", 2 } } },
 	{ "load",
+	  true,
 	  measure_load,
 	  NULL,
-	  { { "load_rate", 0 }, { "load_p50_ms", 2 }, { "load_p99_ms", 2 } } },
+	  { { "load_rate", 0 }, { "load_p50_ms", 2 }, { "load_p99_ms", 2 }, { "load_pg_us", 1 } } },
 	{ "producer",
+	  true,
 	  measure_producer,
 	  NULL,
 	  { { "producer_with", 0 },
@@ -60,15 +68,21 @@ static const struct bench_measurement measurements[] = {
 	    { "trigger_us", 1 },
 	    { "trigger_tx_us", 1 } } },
 	{ "backlog",
+	  true,
 	  measure_backlog,
 	  NULL,
 	  { { "backlog_first", 0 }, { "backlog_last", 0 }, { "backlog_ratio", 2 } } },
-	{ "memory", NULL, report_memory, { { "rss_kb", 0 }, { "rss_max_kb", 0 } } },
-	{ "keys", measure_keys, NULL, { { "keys", 0 }, { "nokeys", 0 }, { "keys_ratio", 2 } } },
+	{ "memory", true, NULL, report_memory, { { "rss_kb", 0 }, { "rss_max_kb", 0 } } },
+	{ "keys",
+	  true,
+	  measure_keys,
+	  NULL,
+	  { { "keys", 0 }, { "nokeys", 0 }, { "keys_ratio", 2 } } },
 	/* A prototype's figures (issue 37), not the relay's: the three row sources' rows/s,
 	 * PostgreSQL CPU and WAL per message, and the WAL a logical slot held per row while
 	 * no relay ran. */
 	{ "sources",
+	  false,
 	  measure_sources,
 	  NULL,
 	  { { "src_l", 0 },
@@ -81,6 +95,13 @@ static const struct bench_measurement measurements[] = {
 	    { "src_a_wal", 0 },
 	    { "src_b_wal", 0 },
 	    { "src_b_held", 0 } } },
+	/* The two sources side by side, from the figures above: the cursor's throughput and
+	 * PostgreSQL CPU per message against the lease's in the same run. */
+	{ "versus",
+	  false,
+	  NULL,
+	  report_versus,
+	  { { "cursor_lease_ratio", 2 }, { "cursor_lease_pg_ratio", 2 } } },
 };
 
 #define N_MEASUREMENTS (sizeof(measurements) / sizeof(measurements[0]))
@@ -112,6 +133,7 @@ static void print_facts(struct bench *b)
 	char rmqv[64] = "unknown", err[256];
 	struct utsname u;
 	FILE *f = fopen("/proc/cpuinfo", "r");
+	bool lease = bench_measures(b, BENCH_LEASE), cursor = bench_measures(b, BENCH_CURSOR);
 	PGconn *c;
 	amqp_connection_state_t m;
 
@@ -152,6 +174,12 @@ static void print_facts(struct bench *b)
 	printf("sizes: rows %ld, backlog %ld, phases %d s, body %d B, relay.retention %s%s\n",
 	       b->opt.n_tput, b->opt.n_backlog, b->opt.phase_s, BENCH_BODY_LEN, b->opt.retention,
 	       b->opt.quick ? " (--quick)" : "");
+	printf("topology: %s\n", bench_topology_name(b->opt.topology));
+	printf("sources: %s%s%s%s\n", lease ? "lease" : "", lease && cursor ? ", " : "",
+	       cursor ? "cursor" : "",
+	       lease && cursor ? " (each measurement that starts the relay runs once for each, "
+	                         "the first of the two alternating from one to the next)"
+	                       : "");
 	fflush(stdout);
 }
 
@@ -159,21 +187,26 @@ static void print_facts(struct bench *b)
 
 static void print_summary(const struct bench *b)
 {
+	double rt = bench_ratio_target(b);
+
 	printf("summary:");
 	for (size_t i = 0; i < b->n_figures; i++) {
 		double v = b->figures[i].value;
 
 		if (isnan(v))
-			printf(" %s=-", b->figures[i].f.key);
+			printf(" %s=-", b->figures[i].key);
 		else
-			printf(" %s=%.*f", b->figures[i].f.key, b->figures[i].f.decimals, v);
+			printf(" %s=%.*f", b->figures[i].key, b->figures[i].decimals, v);
 	}
 	printf(" failures=%d\n", b->failures);
-	printf("targets: ratio>=0.80 backlog_ratio>=0.90 p50_ms<=2 p99_ms<=10 producer_ratio>=0.95 "
+	printf("targets: ratio>=%.2f backlog_ratio>=0.90 p50_ms<=2 p99_ms<=10 producer_ratio>=0.95 "
 	       "producer_il_ratio>=0.95 producer_il_relay_ratio>=0.95 "
 	       "producer_il_durable_ratio>=0.95 "
 	       "producer_il_durable_relay_ratio>=0.95 rss_kb<=12288 "
-	       "load_p99_ms<=10\n");
+	       "load_p99_ms<=10 cursor_ratio>=%.2f cursor_lease_ratio>=1.50 "
+	       "cursor_lease_pg_ratio<=0.33 cursor_p50_ms<=1 cursor_p99_ms<=5 "
+	       "cursor_load_p99_ms<=10 (topology %s)\n",
+	       rt, rt, bench_topology_name(b->opt.topology));
 }
 
 /* ---- command line ---- */
@@ -182,10 +215,10 @@ static void usage(FILE *out)
 {
 	const char *sep = "";
 
-	fputs("usage: outbox-bench [--quick] [--only NAME] [--relay PATH] [--rows N] [--backlog "
-	      "N]\n"
-	      "                    [--seconds S] [--workers N] [--batch N] [--retention D]\n"
-	      "                    [--load-rate R]\n"
+	fputs("usage: outbox-bench [--quick] [--only NAME] [--source lease|cursor|both]\n"
+	      "                    [--topology shared|split-cores|broker-core] [--relay PATH]\n"
+	      "                    [--rows N] [--backlog N] [--seconds S] [--workers N]\n"
+	      "                    [--batch N] [--retention D] [--load-rate R]\n"
 	      "  NAME: ",
 	      out);
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
@@ -196,9 +229,12 @@ static void usage(FILE *out)
 	}
 	fprintf(out,
 	        " (memory comes with relay/backlog; sources only with --only)\n"
+	        "  --source: the relay's row source(s) (relay.source) in every measurement that\n"
+	        "  starts the relay (default both, in turn)\n"
+	        "  --topology: where bench/run put the servers, for the targets (default shared)\n"
 	        "  --load-rate: commits/s of the load run (default: half the relay's figure of "
 	        "the\n"
-	        "  same run, else %d)\n"
+	        "  same run and source, else %d)\n"
 	        "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n",
 	        BENCH_LOAD_RATE_DFLT);
 }
@@ -252,12 +288,37 @@ static bool selectable(const char *name)
 	return false;
 }
 
+static int parse_sources(const char *s, unsigned *out)
+{
+	if (strcmp(s, "lease") == 0)
+		*out = 1u << BENCH_LEASE;
+	else if (strcmp(s, "cursor") == 0)
+		*out = 1u << BENCH_CURSOR;
+	else if (strcmp(s, "both") == 0)
+		*out = 1u << BENCH_LEASE | 1u << BENCH_CURSOR;
+	else
+		return -1;
+	return 0;
+}
+
+static int parse_topology(const char *s, enum bench_topology *out)
+{
+	for (int i = BENCH_SHARED; i <= BENCH_BROKER_CORE; i++) {
+		if (strcmp(s, bench_topology_name((enum bench_topology)i)) == 0) {
+			*out = (enum bench_topology)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
 /* Fills o from argv; 0 to run, 1 when --help was printed, 2 on a bad argument. */
 static int parse_args(int argc, char **argv, struct bench_options *o)
 {
 	long rows = 0, backlog = 0, secs = 0;
 
 	o->retention = "30d";
+	o->sources = 1u << BENCH_LEASE | 1u << BENCH_CURSOR;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -266,6 +327,11 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 			o->quick = true;
 		} else if (strcmp(a, "--only") == 0 && v) {
 			o->only = v;
+			i++;
+		} else if (strcmp(a, "--source") == 0 && v && parse_sources(v, &o->sources) == 0) {
+			i++;
+		} else if (strcmp(a, "--topology") == 0 && v &&
+		           parse_topology(v, &o->topology) == 0) {
 			i++;
 		} else if (strcmp(a, "--relay") == 0 && v) {
 			o->relay = v;
@@ -312,6 +378,68 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 	return 0;
 }
 
+/* Declares m's keys on the summary line: once, or once per source for a row run per source
+ * (every source's, measured or not, so that the line has the same keys in every run). */
+static void declare_row(struct bench *b, const struct bench_measurement *m)
+{
+	for (int s = 0; s < (m->per_source ? BENCH_N_SOURCES : 1); s++)
+		for (size_t j = 0; j < BENCH_ROW_FIGURES && m->figures[j].key; j++) {
+			if (m->per_source)
+				bench_declare_source(b, &m->figures[j], (enum bench_source)s);
+			else
+				bench_declare(b, &m->figures[j]);
+		}
+}
+
+/* Makes s the current source of m's run: b->source and the label of its lines. */
+static void enter(struct bench *b, const struct bench_measurement *m, enum bench_source s)
+{
+	b->source = s;
+	if (m->per_source)
+		snprintf(b->what, sizeof(b->what), "%s/%s", m->name, bench_source_name(s));
+	else
+		snprintf(b->what, sizeof(b->what), "%s", m->name);
+}
+
+/* Runs the selected measurements in table order, each run per source once for each selected
+ * source: lease first in the first of them, cursor first in the next, and so on, so that
+ * neither source always runs on a machine the other has just warmed (or loaded). Then the
+ * reports, per source where the row is. */
+static void run_all(struct bench *b)
+{
+	int turn = 0;
+
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		const struct bench_measurement *m = &measurements[i];
+
+		if (!m->run ||
+		    !(b->opt.only ? strcmp(b->opt.only, m->name) == 0 : in_full_run(m->name)))
+			continue;
+		for (int j = 0; j < (m->per_source ? BENCH_N_SOURCES : 1); j++) {
+			enum bench_source s = (enum bench_source)(turn % 2 == 0 ? j : 1 - j);
+
+			if (m->per_source && !bench_measures(b, s))
+				continue;
+			enter(b, m, s);
+			m->run(b);
+		}
+		turn += m->per_source;
+	}
+	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+		const struct bench_measurement *m = &measurements[i];
+
+		if (!m->report)
+			continue;
+		for (int s = 0; s < (m->per_source ? BENCH_N_SOURCES : 1); s++) {
+			if (m->per_source && !bench_measures(b, (enum bench_source)s))
+				continue;
+			enter(b, m, (enum bench_source)s);
+			m->report(b);
+		}
+	}
+	b->source = BENCH_LEASE;
+}
+
 int main(int argc, char **argv)
 {
 	static struct bench b;
@@ -340,8 +468,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	for (size_t i = 0; i < N_MEASUREMENTS; i++)
-		for (size_t j = 0; j < BENCH_ROW_FIGURES && measurements[i].figures[j].key; j++)
-			bench_declare(&b, &measurements[i].figures[j]);
+		declare_row(&b, &measurements[i]);
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
@@ -351,17 +478,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	print_facts(&b);
-	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
-		const struct bench_measurement *m = &measurements[i];
-
-		if (m->run &&
-		    (b.opt.only ? strcmp(b.opt.only, m->name) == 0 : in_full_run(m->name)))
-			m->run(&b);
-	}
-	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
-		if (measurements[i].report)
-			measurements[i].report(&b);
-	}
+	run_all(&b);
 	print_summary(&b);
 	free(relay_path);
 	return b.failures ? 1 : 0;

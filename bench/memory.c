@@ -27,8 +27,9 @@ void report_memory(struct bench *b)
 
 	if (rss_kb <= 0 && max_kb <= 0)
 		return;
-	printf("memory: relay peak RSS %ld kB in the %ld-row run (batch %ld x %d B), "
+	printf("%s: relay peak RSS %ld kB in the %ld-row run (batch %ld x %d B), "
 	       "at most %ld kB in any run (target <= %d kB: %s)\n",
-	       rss_kb, b->opt.n_tput, bench_batch(b), BENCH_BODY_LEN, max_kb, MEMORY_TARGET_KB,
+	       b->what, rss_kb, b->opt.n_tput, bench_batch(b), BENCH_BODY_LEN, max_kb,
+	       MEMORY_TARGET_KB,
 	       (rss_kb > 0 ? rss_kb : max_kb) <= MEMORY_TARGET_KB ? "met" : "MISSED");
 }

@@ -18,8 +18,8 @@
 static pid_t spawn_relay(struct bench *b, const char *what, const char *cmd, const char *table,
                          int out)
 {
-	char wk[48], bs[48], rt[64];
-	const char *const extra[] = { wk, bs, rt, "OUTBOX_LOG_LEVEL=warn", NULL };
+	char wk[48], bs[48], rt[64], src[48];
+	const char *const extra[] = { wk, bs, rt, src, "OUTBOX_LOG_LEVEL=warn", NULL };
 	char *argv[] = { (char *)b->opt.relay, (char *)cmd, NULL };
 	struct process_env env = { 0 };
 	pid_t pid = -1;
@@ -27,6 +27,7 @@ static pid_t spawn_relay(struct bench *b, const char *what, const char *cmd, con
 	snprintf(wk, sizeof(wk), "OUTBOX_RELAY_WORKERS=%ld", bench_workers(b));
 	snprintf(bs, sizeof(bs), "OUTBOX_RELAY_BATCH_SIZE=%ld", bench_batch(b));
 	snprintf(rt, sizeof(rt), "OUTBOX_RELAY_RETENTION=%s", b->opt.retention);
+	snprintf(src, sizeof(src), "OUTBOX_RELAY_SOURCE=%s", bench_source_name(b->source));
 	if (process_env_relay(&env, b->opt.pg, b->opt.amqp, table, extra) != 0) {
 		bench_fail(b, what, "could not build the relay's environment");
 		goto out;

@@ -20,8 +20,9 @@ int proc_migrate(struct bench *b, const char *what, const char *table)
         __attribute__((warn_unused_result));
 /* Starts `outbox-relay run` on table (also the LISTEN channel's and the queue's name, so
  * runs never see each other's rows), with the relay's clean environment plus the run's
- * relay.workers, relay.batch_size and relay.retention, log level warn; its output goes to
- * the benchmark's. -1 after bench_fail(what). */
+ * relay.workers, relay.batch_size and relay.retention and the measurement's relay.source
+ * (b->source), log level warn; its output goes to the benchmark's. -1 after
+ * bench_fail(what). */
 int proc_relay_start(struct bench *b, struct proc_relay *rp, const char *what, const char *table)
         __attribute__((warn_unused_result));
 /* True while the relay runs; a relay that exited on its own is a failed measurement

@@ -117,32 +117,6 @@ struct session_cpu {
 	double relays_s;    /* NAN as well without relay sessions */
 };
 
-#define MAX_RELAY_SESSIONS 16
-
-/* The server processes of the relays' sessions in this database (their application_name
- * starts with outbox-relay: workers and maintenance); how many. */
-static size_t relay_sessions(PGconn *c, pid_t *pids)
-{
-	PGresult *r =
-	        PQexec(c, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-	                  " AND application_name LIKE 'outbox-relay%'");
-	size_t n = 0;
-
-	for (int i = 0;
-	     PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r) && n < MAX_RELAY_SESSIONS;
-	     i++) {
-		char *end;
-		long pid;
-
-		errno = 0;
-		pid = strtol(PQgetvalue(r, i, 0), &end, 10);
-		if (errno == 0 && *end == '\0' && pid > 0)
-			pids[n++] = (pid_t)pid;
-	}
-	PQclear(r);
-	return n;
-}
-
 /* Prints " <label> <us> us" for s seconds over n commits, or " <label> unknown". */
 static void session_us(const char *label, double s, long n)
 {
@@ -161,10 +135,10 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
                           int ntables, int64_t run_us, PGconn *listener, long *notifies,
                           struct session_cpu *sc)
 {
-	pid_t mine[PRODUCERS], relays[MAX_RELAY_SESSIONS];
+	pid_t mine[PRODUCERS], relays[DB_MAX_RELAY_SESSIONS];
 	size_t n_relays = 0;
 	double mine0 = NAN, relays0 = NAN;
-	const char *what = "producer";
+	const char *what = b->what;
 	atomic_int go, ready;
 	int64_t t0, deadline;
 	int started = 0;
@@ -198,7 +172,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
 		for (int i = 0; i < PRODUCERS; i++)
 			mine[i] = (pid_t)atomic_load(&pr[i].backend);
 		mine0 = cpu_pids_s(mine, PRODUCERS);
-		n_relays = relay_sessions(sc->c, relays);
+		n_relays = db_relay_sessions(sc->c, relays, NULL);
 		relays0 = cpu_pids_s(relays, n_relays);
 	}
 	t0 = bench_mono_us();
@@ -231,7 +205,7 @@ static bool run_producers(struct bench *b, struct producer *pr, const char *cons
  * own counts them), which tells why a wake-up costs what it costs. */
 static double phase(struct bench *b, const char *table, bool wakeup, bool relay, long *notifies)
 {
-	const char *what = "producer";
+	const char *what = b->what;
 	PGconn *c = db_open(b, what), *listener = NULL;
 	struct consumer *k = NULL;
 	struct proc_relay rp = { 0 };
@@ -299,11 +273,11 @@ static bool rounds_of(struct bench *b, int rounds, bool relay, double *with, dou
 		}
 		if (isnan(a) || isnan(c))
 			return false;
-		printf("producer: round %d: %d connections, single-row inserts, %d s each, %s: "
+		printf("%s: round %d: %d connections, single-row inserts, %d s each, %s: "
 		       "with wake-up %.0f commits/s (%ld notifying commits), without %.0f "
 		       "commits/s (%ld)\n",
-		       r + 1, PRODUCERS, b->opt.phase_s, relay ? "relay running" : "no relay", a,
-		       nw, c, nwo);
+		       b->what, r + 1, PRODUCERS, b->opt.phase_s,
+		       relay ? "relay running" : "no relay", a, nw, c, nwo);
 		*with += a;
 		*without += c;
 	}
@@ -341,7 +315,7 @@ static bool parse_seconds(const char *s, double *out)
 static bool trigger_blocks(struct bench *b, PGconn *c, bool commit, double *with_us,
                            double *without_us)
 {
-	const char *what = "producer", *end = commit ? " COMMIT;" : "";
+	const char *what = b->what, *end = commit ? " COMMIT;" : "";
 	char sql[4096];
 	PGresult *r = NULL;
 	bool ok = false;
@@ -386,7 +360,7 @@ out:
 
 static void trigger_cost(struct bench *b)
 {
-	const char *what = "producer";
+	const char *what = b->what;
 	PGconn *c = db_open(b, what);
 	double with_us, without_us;
 
@@ -402,11 +376,11 @@ static void trigger_cost(struct bench *b)
 		if (!trigger_blocks(b, c, commit, &with_us, &without_us))
 			goto out;
 		bench_set(b, commit ? "trigger_tx_us" : "trigger_us", with_us - without_us);
-		printf("producer: the trigger's own cost (one session, %d single-row INSERT"
+		printf("%s: the trigger's own cost (one session, %d single-row INSERT"
 		       " statements into each table, interleaved %d at a time, server time, %s):"
 		       " with wake-up %.1f us, without %.1f us per statement (+%.1f us, %+.0f "
 		       "%%)\n",
-		       TC_ROUNDS * TC_BLOCK, TC_BLOCK,
+		       b->what, TC_ROUNDS * TC_BLOCK, TC_BLOCK,
 		       commit ? "a commit after each" : "one transaction, no commit", with_us,
 		       without_us, with_us - without_us,
 		       100.0 * (with_us - without_us) / without_us);
@@ -430,7 +404,7 @@ static const char *const il_tables[2] = { "bench_pi_with", "bench_pi_without" };
 /* One interleaved run of 2 x phase_s seconds; the ratio with / without, or NAN. */
 static double interleaved(struct bench *b, bool relay, const char *how)
 {
-	const char *what = "producer";
+	const char *what = b->what;
 	PGconn *c = db_open(b, what);
 	struct consumer *k[2] = { NULL, NULL };
 	struct proc_relay rp[2] = { { 0 }, { 0 } };
@@ -469,15 +443,15 @@ static double interleaved(struct bench *b, bool relay, const char *how)
 	for (int t = 0; t < 2; t++)
 		rate[t] = (double)commits[t] / ((double)us[t] / 1e6) * PRODUCERS;
 	ratio = rate[0] / rate[1];
-	printf("producer: interleaved, %d connections alternating %d commits at a time for %d s,"
+	printf("%s: interleaved, %d connections alternating %d commits at a time for %d s,"
 	       " %s%s: with wake-up %.0f commits/s (%ld commits), without %.0f commits/s (%ld);"
 	       " ratio %.2f (target >= 0.95: %s)\n",
-	       PRODUCERS, IL_BLOCK, b->opt.phase_s * 2,
+	       b->what, PRODUCERS, IL_BLOCK, b->opt.phase_s * 2,
 	       relay ? "a relay on each table" : "no relay", how, rate[0], commits[0], rate[1],
 	       commits[1], ratio, ratio >= 0.95 ? "met" : "MISSED");
 	/* Where the database's time went: with relays keeping up, their sessions can cost about
 	 * what the producers' own do (README, Performance). */
-	printf("producer: interleaved, %s%s: database CPU per commit:",
+	printf("%s: interleaved, %s%s: database CPU per commit:", b->what,
 	       relay ? "a relay on each table" : "no relay", how);
 	session_us("the producers' sessions", sc.producers_s, commits[0] + commits[1]);
 	if (relay) {
@@ -506,15 +480,15 @@ static int durable_commits(struct bench *b, PGconn *c, bool on)
 	for (int i = 0; i < 2; i++) { /* one statement each: ALTER SYSTEM takes no transaction */
 		snprintf(sql, sizeof(sql), "ALTER SYSTEM %s %s%s", on ? "SET" : "RESET", names[i],
 		         on ? " = on" : "");
-		if (db_exec(b, c, "producer", sql) != 0)
+		if (db_exec(b, c, b->what, sql) != 0)
 			return -1;
 	}
-	if (db_exec(b, c, "producer", "SELECT pg_reload_conf()") != 0)
+	if (db_exec(b, c, b->what, "SELECT pg_reload_conf()") != 0)
 		return -1;
 	/* The postmaster rereads its files when the signal reaches it; new sessions then start
 	 * with the new values. */
 	for (int i = 0; i < 600 && !bench_interrupted(); i++) {
-		PGconn *n = db_open(b, "producer");
+		PGconn *n = db_open(b, b->what);
 		char fs[8] = "";
 
 		if (!n)
@@ -527,7 +501,7 @@ static int durable_commits(struct bench *b, PGconn *c, bool on)
 	}
 	if (bench_interrupted())
 		return 0; /* the reset went out; the run is ending */
-	bench_fail(b, "producer", "the server's fsync did not turn %s after a reload", want);
+	bench_fail(b, b->what, "the server's fsync did not turn %s after a reload", want);
 	return -1;
 }
 
@@ -540,7 +514,7 @@ static int durable_commits(struct bench *b, PGconn *c, bool on)
  * flushed their commits, or the server is not the benchmark's to change. */
 static void interleaved_durable(struct bench *b)
 {
-	PGconn *c = db_open(b, "producer");
+	PGconn *c = db_open(b, b->what);
 	long long ok;
 
 	if (!c)
@@ -551,9 +525,10 @@ static void interleaved_durable(struct bench *b)
 	                 " '%postgresql.auto.conf') END"
 	                 " FROM pg_settings WHERE name IN ('fsync', 'full_page_writes')");
 	if (ok != 1) {
-		printf("producer: interleaved with commits flushed to disk: not measured (the "
+		printf("%s: interleaved with commits flushed to disk: not measured (the "
 		       "server's fsync is on already or set by ALTER SYSTEM, or this session is "
-		       "not a superuser)\n");
+		       "not a superuser)\n",
+		       b->what);
 		PQfinish(c);
 		return;
 	}
@@ -562,7 +537,7 @@ static void interleaved_durable(struct bench *b)
 		bench_set(b, "producer_il_durable_relay_ratio", interleaved(b, true, DURABLE));
 	}
 	if (durable_commits(b, c, false) != 0)
-		bench_fail(b, "producer",
+		bench_fail(b, b->what,
 		           "fsync and full_page_writes may still be on: run ALTER "
 		           "SYSTEM RESET for both and reload");
 	PQfinish(c);
@@ -590,11 +565,11 @@ void measure_producer(struct bench *b)
 	bench_set(b, "producer_il_ratio", interleaved(b, false, ""));
 	bench_set(b, "producer_il_relay_ratio", interleaved(b, true, ""));
 	interleaved_durable(b);
-	printf("producer: relay running: with wake-up %.0f commits/s, without %.0f commits/s; "
+	printf("%s: relay running: with wake-up %.0f commits/s, without %.0f commits/s; "
 	       "ratio %.2f (target >= 0.95: %s)\n",
-	       with, without, ratio, ratio >= 0.95 ? "met" : "MISSED");
-	printf("producer: no relay (the trigger alone): with %.0f commits/s, without %.0f "
+	       b->what, with, without, ratio, ratio >= 0.95 ? "met" : "MISSED");
+	printf("%s: no relay (the trigger alone): with %.0f commits/s, without %.0f "
 	       "commits/s; ratio %.2f\n",
-	       alone_with, alone_without, alone);
+	       b->what, alone_with, alone_without, alone);
 	trigger_cost(b);
 }

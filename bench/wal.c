@@ -412,6 +412,22 @@ void wal_cost(PGconn *c, const struct wal_point *a, const struct wal_point *z, l
 		breakdown(c, a->lsn, z->lsn, n, w);
 }
 
+/* The decimals that show v to two significant digits, min at least: whole bytes read best
+ * for a writer per row, but a writer per batch (the cursor source) writes a fraction of a
+ * byte and of a record per message, which would print as 0. */
+static int decimals(double v, int min)
+{
+	double a = fabs(v);
+	int d;
+
+	if (a == 0 || isnan(a) || a >= 10)
+		return min;
+	d = (int)ceil(-log10(a)) + 1;
+	if (d > 6)
+		d = 6;
+	return d > min ? d : min;
+}
+
 void wal_print(const char *what, const char *unit, const char *note, const struct wal_cost *w)
 {
 	printf("%s: wal per %s%s%s%s: ", what, unit, note ? " (" : "", note ? note : "",
@@ -419,12 +435,12 @@ void wal_print(const char *what, const char *unit, const char *note, const struc
 	if (isnan(w->bytes))
 		printf("?");
 	else
-		printf("%.0f B", w->bytes);
+		printf("%.*f B", decimals(w->bytes, 0), w->bytes);
 	if (isnan(w->records))
 		printf(" (pg_stat_wal unavailable)\n");
 	else
-		printf(", %.2f records, %.3f fpi (pg_stat_wal %.0f B)\n", w->records, w->fpi,
-		       w->stat_bytes);
+		printf(", %.*f records, %.3f fpi (pg_stat_wal %.*f B)\n", decimals(w->records, 2),
+		       w->records, w->fpi, decimals(w->stat_bytes, 0), w->stat_bytes);
 	if (!w->dumped)
 		return;
 	printf("%s: wal per %s by record (pg_waldump): ", what, unit);
@@ -433,8 +449,9 @@ void wal_print(const char *what, const char *unit, const char *note, const struc
 		return;
 	}
 	for (int i = 0; i < w->n_types; i++)
-		printf("%s%s %.0f B %.2f", i ? ", " : "", w->types[i].name, w->types[i].bytes,
-		       w->types[i].count);
+		printf("%s%s %.*f B %.*f", i ? ", " : "", w->types[i].name,
+		       decimals(w->types[i].bytes, 0), w->types[i].bytes,
+		       decimals(w->types[i].count, 2), w->types[i].count);
 	printf("\n");
 }
 

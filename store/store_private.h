@@ -338,13 +338,22 @@ int store_claim_token_next(struct store *s, char *out, size_t cap)
 int store_mark_params(struct store *s, const char *token, const int64_t *seqs, size_t n,
                       const char **ids) __attribute__((warn_unused_result));
 
-/* ---- position.c: the cursor source's position ---- */
+/* ---- table_mode.c: whether the cursor source runs the table ---- */
 /* The position table beside the outbox table ("app.outbox" -> "app.outbox_position"). */
 #define STORE_POSITION_SUFFIX "_position"
 /* Whether the cursor source runs the table: *cursor true and *pos its position when
  * <table>_position has the row of stream 'main'; false (lease mode) when the table or the row
  * is missing. 0 or an error. */
 int store_cursor_position(struct store *s, bool *cursor, int64_t *pos)
+        __attribute__((warn_unused_result));
+/* Which source runs the table, read anew by every operator command: the lease source (cursor
+ * false), or the cursor source at position pos, whose text p[24] is ready for a parameter. */
+struct store_table_mode {
+	bool cursor;
+	int64_t pos;
+	char p[24];
+};
+int store_table_mode(struct store *s, struct store_table_mode *m)
         __attribute__((warn_unused_result));
 
 /* ---- statements.c ---- */

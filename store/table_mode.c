@@ -46,3 +46,11 @@ int store_cursor_position(struct store *s, bool *cursor, int64_t *pos)
 	PQclear(res);
 	return rc;
 }
+
+int store_table_mode(struct store *s, struct store_table_mode *m)
+{
+	int rc = store_cursor_position(s, &m->cursor, &m->pos);
+
+	snprintf(m->p, sizeof(m->p), "%lld", (long long)m->pos);
+	return rc;
+}

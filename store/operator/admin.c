@@ -12,23 +12,6 @@
 #include "store/operator/admin_private.h"
 #include "store/store_private.h"
 
-/* Which source runs the table, read anew by every command (the first cursor relay that leads
- * the table writes the position row): the lease source (cursor false), or the cursor source
- * at position pos, whose text p[24] is ready for a parameter. */
-struct mode {
-	bool cursor;
-	int64_t pos;
-	char p[24];
-};
-
-static int read_mode(struct store *s, struct mode *m)
-{
-	int rc = store_cursor_position(s, &m->cursor, &m->pos);
-
-	snprintf(m->p, sizeof(m->p), "%lld", (long long)m->pos);
-	return rc;
-}
-
 static int parse_double(const char *v, double *out)
 {
 	char *end;
@@ -132,7 +115,7 @@ static int parse_status(struct store *s, const PGresult *res, struct store_statu
 }
 
 /* The published rows of a small table, counted. */
-static int count_published(struct store *s, const struct mode *m, int64_t *out)
+static int count_published(struct store *s, const struct store_table_mode *m, int64_t *out)
 {
 	char sql[ADMIN_SQL_MAX];
 	const char *params[1] = { m->p };
@@ -163,7 +146,7 @@ static int count_published(struct store *s, const struct mode *m, int64_t *out)
 int store_status(struct store *s, struct store_status *st)
 {
 	char sql[ADMIN_SQL_MAX * 2], max[16];
-	struct mode m;
+	struct store_table_mode m;
 	const char *params[2] = { max, m.p };
 	struct store_status r;
 	PGresult *res = NULL;
@@ -172,7 +155,7 @@ int store_status(struct store *s, struct store_status *st)
 
 	memset(&r, 0, sizeof(r));
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	if ((rc = read_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0)
 		goto out;
 	rc = m.cursor ? admin_cursor_status_sql(s, sql, sizeof(sql))
 	              : status_sql(s, sql, sizeof(sql));
@@ -304,10 +287,10 @@ static int blocked_sql(struct store *s, char *sql, size_t cap)
 int store_dead(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX];
-	struct mode m;
+	struct store_table_mode m;
 	int rc;
 
-	if ((rc = read_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0)
 		return rc;
 	rc = m.cursor ? admin_cursor_dead_sql(s, sql, sizeof(sql)) : dead_sql(s, sql, sizeof(sql));
 	if (rc != 0)
@@ -319,10 +302,10 @@ int store_dead(struct store *s, size_t limit, struct store_list *out)
 int store_blocked_keys(struct store *s, size_t limit, struct store_list *out)
 {
 	char sql[ADMIN_SQL_MAX * 2];
-	struct mode m;
+	struct store_table_mode m;
 	int rc;
 
-	if ((rc = read_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0)
 		return rc;
 	rc = m.cursor ? admin_cursor_blocked_sql(s, sql, sizeof(sql))
 	              : blocked_sql(s, sql, sizeof(sql));
@@ -395,7 +378,7 @@ static void rollback(struct store *s)
 /* Locks the unpublished rows of ids ($1) against claims until the transaction ends, and fills o
  * with those under a live lease (a claim that is publishing them, or a replay's) and, on a
  * cursor table, those above its position. */
-static int lock_ids(struct store *s, const char *const *params, const struct mode *m,
+static int lock_ids(struct store *s, const char *const *params, const struct store_table_mode *m,
                     struct store_ids_outcome *o)
 {
 	char sql[ADMIN_SQL_MAX];
@@ -438,7 +421,7 @@ static int ids_command(struct store *s, const char *const *ids, size_t n, bool f
                        struct store_ids_outcome *out)
 {
 	char sql[ADMIN_SQL_MAX];
-	struct mode m;
+	struct store_table_mode m;
 	const char *params[2] = { NULL, m.p };
 	PGresult *res = NULL;
 	struct store_ids_outcome *o;
@@ -453,7 +436,7 @@ static int ids_command(struct store *s, const char *const *ids, size_t n, bool f
 		goto done;
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc == 0)
-		rc = read_mode(s, &m);
+		rc = store_table_mode(s, &m);
 	if (rc == 0)
 		rc = requeue ? requeue_sql(s, false, m.cursor, sql, sizeof(sql))
 		             : store_format_sql(
@@ -546,7 +529,7 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
                   int64_t *n_changed)
 {
 	char sql[ADMIN_SQL_MAX], max[16];
-	struct mode m;
+	struct store_table_mode m;
 	const char *params[2] = { max, m.p };
 	PGresult *res = NULL;
 	int64_t changed = 0;
@@ -555,7 +538,7 @@ int store_requeue(struct store *s, const char *const *ids, size_t n, bool all_de
 	if (!all_dead)
 		return ids_counted(s, ids, n, true, n_changed);
 	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
-	if ((rc = read_mode(s, &m)) != 0 ||
+	if ((rc = store_table_mode(s, &m)) != 0 ||
 	    (rc = requeue_sql(s, all_dead, m.cursor, sql, sizeof(sql))) != 0)
 		goto out;
 	rc = store_exec(s, sql, m.cursor ? 2 : 1, params, PGRES_COMMAND_OK, &res,
@@ -642,14 +625,14 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
                 int64_t *n_deleted)
 {
 	char sql[ADMIN_SQL_MAX], age[24], lim[16];
-	struct mode m;
+	struct store_table_mode m;
 	const char *params[3] = { age, lim, m.p };
 	int64_t total = 0;
 	int rc;
 
 	snprintf(age, sizeof(age), "%lld", (long long)(older_than_ms > 0 ? older_than_ms : 0));
 	snprintf(lim, sizeof(lim), "%d", batch > 0 ? batch : 1000);
-	if ((rc = read_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0)
 		return rc;
 	if (m.cursor &&
 	    (rc = admin_cursor_purge(s, m.pos, older_than_ms, batch, stop, &total)) != 0)

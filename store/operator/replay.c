@@ -27,24 +27,12 @@
 #define ISO_MS(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 #define ISO_US(e) "to_char((" e ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
-/* Which source runs the table, read anew by every statement that needs it: on a table the
- * cursor source runs (its position row exists), with pos its position (docs/design.md),
+/* Which source runs the table (store_table_mode()), read anew by every statement that needs
+ * it: on a table the cursor source runs (its position row exists), with pos its position
+ * (docs/design.md),
  *   published   = (seq <= pos AND deferred_at IS NULL) OR published_at IS NOT NULL
  *   unpublished = published_at IS NULL AND (seq > pos OR deferred_at IS NOT NULL)
- * and rows above the position are in its leader's hands. p is pos as a parameter's text. */
-struct mode {
-	bool cursor;
-	int64_t pos;
-	char p[24];
-};
-
-static int read_mode(struct store *s, struct mode *m)
-{
-	int rc = store_cursor_position(s, &m->cursor, &m->pos);
-
-	snprintf(m->p, sizeof(m->p), "%lld", (long long)m->pos);
-	return rc;
-}
+ * and rows above the position are in its leader's hands. */
 
 /* A published row of a cursor table, the position being parameter $1. */
 #define CURSOR_PUBLISHED_1 \
@@ -168,7 +156,7 @@ int store_replay_select(struct store *s, const struct store_replay_filter *f, in
 {
 	char sql[REPLAY_SQL_MAX];
 	const char *params[7];
-	struct mode m;
+	struct store_table_mode m;
 	const char *col = f->by_created ? "o.created_at" : "o.published_at";
 	char since[64], until[64];
 	const char *ids = NULL;
@@ -176,7 +164,7 @@ int store_replay_select(struct store *s, const struct store_replay_filter *f, in
 	int64_t n = 0;
 	int np = 0, rc;
 
-	if ((rc = read_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0)
 		return rc;
 	if (m.cursor) {
 		params[np++] = m.p;
@@ -288,7 +276,7 @@ int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, 
                              void *arg)
 {
 	char sql[REPLAY_SQL_MAX];
-	struct mode m;
+	struct store_table_mode m;
 	const char *params[2] = { NULL, m.p };
 	PGresult *res = NULL;
 	int rc;
@@ -297,7 +285,7 @@ int store_replay_missing_ids(struct store *s, const char *const *ids, size_t n, 
 		return 0;
 	rc = store_text_array(s, STORE_SLOT_IDS, ids, n, store_string_at, false, &params[0]);
 	if (rc == 0)
-		rc = read_mode(s, &m);
+		rc = store_table_mode(s, &m);
 	if (rc != 0)
 		return rc;
 	if ((rc = store_format_sql(s, sql, sizeof(sql),
@@ -473,7 +461,8 @@ static int settle_sequence(struct store *s, int64_t wait_ms, char **why)
  * may be publishing that row right now, and nothing a replay writes stops it; the deferred
  * rows are parked, as its exception path claims them under the same lease.
  * $1 = token, $2 = lease in ms, $3 = the position (cursor table). */
-static int park_keys(struct store *s, const struct mode *m, int64_t *parked, char *state)
+static int park_keys(struct store *s, const struct store_table_mode *m, int64_t *parked,
+                     char *state)
 {
 	char sql[REPLAY_SQL_MAX], lease[24], u[REPLAY_SQL_MAX / 2];
 	const char *params[3] = { s->claim_token, lease, m->p };
@@ -546,7 +535,7 @@ static int park_keys(struct store *s, const struct mode *m, int64_t *parked, cha
  * after the commit, so that a claim begun before it still finds them leased (its recheck
  * compares with its own start) and every later claim finds them free. Should this fail, the
  * rows come free when the parking lease ends: later, never sooner. */
-static int release_parked(struct store *s, const struct mode *m)
+static int release_parked(struct store *s, const struct store_table_mode *m)
 {
 	char sql[REPLAY_SQL_MAX];
 	const char *params[1] = { s->claim_token };
@@ -570,7 +559,7 @@ static int release_parked(struct store *s, const struct mode *m)
  * canonically), and drops them from the selection. On a cursor table a row is made pending by
  * deferring it (deferred_at = now()): the cursor's exception path publishes it; $3 = the
  * position. */
-static int make_pending(struct store *s, const struct mode *m, const char *asked_at,
+static int make_pending(struct store *s, const struct store_table_mode *m, const char *asked_at,
                         int64_t *replayed, int64_t *gone, char *state)
 {
 	char sql[REPLAY_SQL_MAX];
@@ -655,8 +644,8 @@ static int start_step(struct store *s, bool *keyed)
 
 /* Keyed rows go only once the sequence has settled: then the keys that can go have their
  * newer rows parked (*parked); otherwise every keyed row waits for the next step, with why. */
-static int hold_keys(struct store *s, const struct mode *m, int64_t wait_ms, int64_t *parked,
-                     char *state)
+static int hold_keys(struct store *s, const struct store_table_mode *m, int64_t wait_ms,
+                     int64_t *parked, char *state)
 {
 	char *why = NULL;
 	int rc;
@@ -678,7 +667,7 @@ static int hold_keys(struct store *s, const struct mode *m, int64_t wait_ms, int
 /* After the commit: the parked rows are handed back and what is left is counted into p. The
  * replayed rows count already: an error here leaves the parked rows to their lease, which is
  * safe. */
-static int finish_step(struct store *s, const struct mode *m, int64_t parked,
+static int finish_step(struct store *s, const struct store_table_mode *m, int64_t parked,
                        struct store_replay_progress *p)
 {
 	PGresult *res = NULL;
@@ -713,7 +702,7 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 {
 	char state[6] = "";
 	bool keyed = false;
-	struct mode m;
+	struct store_table_mode m;
 	int64_t replayed = 0, gone = 0, parked = 0;
 	int rc;
 
@@ -721,7 +710,7 @@ int store_replay_step(struct store *s, const char *asked_at, int64_t wait_ms,
 		return rc;
 	/* The position is read after the replay lock: it only moves on, so a row behind it now
 	 * stays behind it. */
-	if ((rc = start_step(s, &keyed)) != 0 || (rc = read_mode(s, &m)) != 0)
+	if ((rc = start_step(s, &keyed)) != 0 || (rc = store_table_mode(s, &m)) != 0)
 		goto fail;
 	if (keyed && (rc = hold_keys(s, &m, wait_ms, &parked, state)) != 0)
 		goto fail;

@@ -74,7 +74,11 @@ static int prepare_all(struct store *s)
 	             " FROM p, durable WHERE q.stream = 'main' RETURNING (SELECT count(*) FROM d)",
 	             t, t, t)) != 0)
 		return rc;
-	/* $1 token, $2 lease ms, $3 max_attempts, $4 limit, $5 strict. */
+	/* $1 token, $2 lease ms, $3 max_attempts, $4 limit, $5 strict. In the order of
+	 * <table>_deferred_idx (key, then seq; unkeyed rows last), which holds only the
+	 * exceptions: ordered by seq alone, the session's plans (no sorts) walked the seq index
+	 * through every row of the table instead, 1.3 s on 300,000 rows against 0.14 ms. A
+	 * key's rows are still taken oldest first; across keys the order does not matter. */
 	if ((rc = store_prepare(
 	             s, ST_POS_CLAIM, 5,
 	             "UPDATE %s o SET locked_by = $1::text, locked_until = now() +"
@@ -84,7 +88,8 @@ static int prepare_all(struct store *s)
 	             " AND (d.locked_until IS NULL OR d.locked_until < now())"
 	             " AND (d.ordering_key IS NULL OR NOT " OLDER_EXCEPTION(
 	                     "d", "$5::boolean",
-	                     "$3::int") ") ORDER BY d.seq LIMIT $4::int FOR UPDATE SKIP LOCKED) b"
+	                     "$3::int") ") ORDER BY d.ordering_key, d.seq LIMIT $4::int FOR UPDATE "
+	                                "SKIP LOCKED) b"
 	                                " WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS,
 	             t, t, t)) != 0)
 		return rc;

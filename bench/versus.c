@@ -1,0 +1,86 @@
+/* The two row sources side by side (issue 37's goals), from the figures the measurements run
+ * once per source left: not a run of its own, it reports after all of them. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "bench/bench.h"
+
+static double lease(const struct bench *b, const char *key)
+{
+	return bench_get_source(b, BENCH_LEASE, key);
+}
+
+static double cursor(const struct bench *b, const char *key)
+{
+	return bench_get_source(b, BENCH_CURSOR, key);
+}
+
+static const char *verdict(bool met)
+{
+	return met ? "met" : "MISSED";
+}
+
+/* The relay's own writes: the drain's WAL is all the relay's (the rows were inserted before
+ * it began), so its records per message are what the relay wrote per row, and times the
+ * batch what it wrote per batch. */
+static void print_writes(const struct bench *b, enum bench_source s)
+{
+	double rec = bench_get_source(b, s, "wal_records");
+	double bytes = bench_get_source(b, s, "wal_bytes");
+
+	if (isnan(rec))
+		return;
+	printf("versus: %s: the relay's own WAL in the drain: %.3f records and %.2f B per "
+	       "message, %.1f records and %.0f B per batch of %ld\n",
+	       bench_source_name(s), rec, bytes, rec * (double)bench_batch(b),
+	       bytes * (double)bench_batch(b), bench_batch(b));
+}
+
+static void print_latency(const struct bench *b)
+{
+	double cp50 = cursor(b, "p50_ms"), cp99 = cursor(b, "p99_ms");
+	double clp99 = cursor(b, "load_p99_ms");
+
+	if (!isnan(cp50))
+		printf("versus: cursor idle latency p50 %.2f ms (target <= 1 ms: %s), p99 %.2f ms "
+		       "(target <= 5 ms: %s); lease p50 %.2f ms, p99 %.2f ms\n",
+		       cp50, verdict(cp50 <= 1.0), cp99, verdict(cp99 <= 5.0), lease(b, "p50_ms"),
+		       lease(b, "p99_ms"));
+	if (!isnan(clp99))
+		printf("versus: under load at half each source's maximum: cursor %.0f/s, p99 %.2f "
+		       "ms (target <= 10 ms: %s); lease %.0f/s, p99 %.2f ms; PostgreSQL CPU per "
+		       "message, the producers' inserts included: cursor %.1f us, lease %.1f us\n",
+		       cursor(b, "load_rate"), clp99, verdict(clp99 <= 10.0), lease(b, "load_rate"),
+		       lease(b, "load_p99_ms"), cursor(b, "load_pg_us"), lease(b, "load_pg_us"));
+}
+
+void report_versus(struct bench *b)
+{
+	double lr = lease(b, "relay"), cr = cursor(b, "relay");
+	double lpg = lease(b, "pg_us"), cpg = cursor(b, "pg_us");
+	double climit = cursor(b, "ratio"), target = bench_ratio_target(b);
+
+	if (isnan(cr))
+		return;
+	if (!isnan(climit))
+		printf("versus: cursor throughput / broker limit %.2f (topology %s, target >= "
+		       "%.2f: %s); lease %.2f\n",
+		       climit, bench_topology_name(b->opt.topology), target,
+		       verdict(climit >= target), lease(b, "ratio"));
+	if (!isnan(lr) && lr > 0) {
+		bench_set(b, "cursor_lease_ratio", cr / lr);
+		printf("versus: drain: cursor %.0f msgs/s, lease %.0f msgs/s: %.2f x the lease's "
+		       "(target >= 1.50: %s)\n",
+		       cr, lr, cr / lr, verdict(cr / lr >= 1.5));
+	}
+	if (!isnan(lpg) && !isnan(cpg) && lpg > 0) {
+		bench_set(b, "cursor_lease_pg_ratio", cpg / lpg);
+		printf("versus: PostgreSQL CPU per relayed message: cursor %.1f us, lease %.1f us: "
+		       "%.2f of the lease's (target <= 0.33: %s)\n",
+		       cpg, lpg, cpg / lpg, verdict(cpg / lpg <= 0.33));
+	}
+	print_writes(b, BENCH_LEASE);
+	print_writes(b, BENCH_CURSOR);
+	print_latency(b);
+}
