@@ -75,6 +75,12 @@ bool worker_ensure_db(struct worker *w)
 
 	if (source_connected(w->source))
 		return true;
+	if (w->db.up) {
+		/* The connection went while nothing failed loudly (libpq found the socket closed
+		 * while reading notifications, say): it is lost like any other, and said so. */
+		worker_db_failed(w, STORE_ERR_CONN);
+		return false;
+	}
 	if (clock_mono_ms() < w->db.retry_at_ms)
 		return false;
 	rc = source_connect(w->source);

@@ -390,7 +390,7 @@ static int write_fates(struct lease *s, const struct store_batch *x,
 	size_t n_pub, n_fail, n_rel;
 	int rc;
 
-	if (!store_connected(s->store)) { /* the failure was reported where it happened */
+	if (!store_connected(s->store)) { /* the relay finds the connection gone and says so */
 		owe_fates(s, x, fates);
 		return 0;
 	}
