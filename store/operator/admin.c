@@ -61,13 +61,8 @@ static int blocked_cte(struct store *s, char *out, size_t cap)
  * reltuples before any were collected) less the unpublished rows, clamped at 0. The last
  * column is the table's size in pages, by which store_status() decides whether to count the
  * published rows instead. $1 = max_attempts. */
-static int status_sql(struct store *s, char *sql, size_t cap)
+int admin_status_sql(struct store *s, const char *cte, const char *rows, char *sql, size_t cap)
 {
-	char cte[ADMIN_SQL_MAX];
-	int rc;
-
-	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0)
-		return rc;
 	return store_format_sql(
 	        s, sql, cap,
 	        "WITH RECURSIVE %s SELECT u.pending, u.leased, u.dead,"
@@ -81,12 +76,26 @@ static int status_sql(struct store *s, char *sql, size_t cap)
 	        "  ORDER BY seq LIMIT 1),"
 	        " pg_relation_size('%s'::regclass) / current_setting('block_size')::bigint"
 	        " FROM (SELECT count(*) FILTER (WHERE attempts < $1::int) AS pending,"
-	        " count(*) FILTER (WHERE attempts < $1::int AND locked_until >= now()) AS leased,"
+	        " count(*) FILTER (WHERE attempts < $1::int AND leased) AS leased,"
 	        " count(*) FILTER (WHERE attempts >= $1::int) AS dead,"
 	        " COALESCE(extract(epoch FROM now() - min(created_at)"
 	        " FILTER (WHERE attempts < $1::int)), 0)::float8 AS oldest"
-	        " FROM %s WHERE " STORE_UNPUBLISHED("") ") u",
-	        cte, s->table, s->table, s->table);
+	        " FROM (%s) x) u",
+	        cte, s->table, s->table, rows);
+}
+
+static int status_sql(struct store *s, char *sql, size_t cap)
+{
+	char cte[ADMIN_SQL_MAX], rows[ADMIN_SQL_MAX];
+	int rc;
+
+	if ((rc = blocked_cte(s, cte, sizeof(cte))) != 0 ||
+	    (rc = store_format_sql(s, rows, sizeof(rows),
+	                           "SELECT attempts, created_at, locked_until >= now() AS leased"
+	                           " FROM %s WHERE " STORE_UNPUBLISHED(""),
+	                           s->table)) != 0)
+		return rc;
+	return admin_status_sql(s, cte, rows, sql, cap);
 }
 
 /* Reads status_sql()'s answer (or the cursor's) into r and the table's size into *pages. */

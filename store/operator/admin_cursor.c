@@ -48,38 +48,24 @@ static int blocked_cte(struct store *s, const char *p, char *out, size_t cap)
 #define ABOVE_2    CURSOR_ABOVE("", "$2")
 #define DEFERRED_2 CURSOR_DEFERRED("", "$2")
 
-/* As admin.c's status_sql(): pending, leased (deferred rows the cursor's exception path holds
- * under a lease), dead, the published estimate, the oldest pending age, the blocked keys, and
- * the table's size in pages. */
+/* The status statement (admin_status_sql()) over a cursor table's unpublished rows: those above
+ * the position and the deferred ones below it; leased are the deferred rows the cursor's
+ * exception path holds under a lease right now. */
 int admin_cursor_status_sql(struct store *s, char *sql, size_t cap)
 {
-	char cte[ADMIN_SQL_MAX];
+	char cte[ADMIN_SQL_MAX], rows[ADMIN_SQL_MAX];
 	int rc;
 
-	if ((rc = blocked_cte(s, "$2", cte, sizeof(cte))) != 0)
+	if ((rc = blocked_cte(s, "$2", cte, sizeof(cte))) != 0 ||
+	    (rc = store_format_sql(s, rows, sizeof(rows),
+	                           "SELECT attempts, created_at, deferred_at IS NOT NULL"
+	                           " AND COALESCE(" STORE_LIVE_LEASE ", false) AS leased FROM %s"
+	                           " WHERE " ABOVE_2 " UNION ALL SELECT attempts, created_at,"
+	                           " COALESCE(" STORE_LIVE_LEASE
+	                           ", false) FROM %s WHERE " DEFERRED_2,
+	                           s->table, s->table)) != 0)
 		return rc;
-	return store_format_sql(
-	        s, sql, cap,
-	        "WITH RECURSIVE %s SELECT u.pending, u.leased, u.dead,"
-	        " GREATEST(0, (SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
-	        " THEN pg_stat_get_live_tuples(c.oid) ELSE GREATEST(c.reltuples, 0)::bigint END"
-	        " FROM pg_class c WHERE c.oid = '%s'::regclass) - u.pending - u.dead),"
-	        " u.oldest,"
-	        " (SELECT count(*) FROM blocked),"
-	        " (SELECT ordering_key FROM blocked ORDER BY seq LIMIT 1),"
-	        " (SELECT extract(epoch FROM now() - created_at)::float8 FROM blocked"
-	        "  ORDER BY seq LIMIT 1),"
-	        " pg_relation_size('%s'::regclass) / current_setting('block_size')::bigint"
-	        " FROM (SELECT count(*) FILTER (WHERE attempts < $1::int) AS pending,"
-	        " count(*) FILTER (WHERE attempts < $1::int AND leased) AS leased,"
-	        " count(*) FILTER (WHERE attempts >= $1::int) AS dead,"
-	        " COALESCE(extract(epoch FROM now() - min(created_at)"
-	        " FILTER (WHERE attempts < $1::int)), 0)::float8 AS oldest"
-	        " FROM (SELECT attempts, created_at, deferred_at IS NOT NULL"
-	        " AND COALESCE(" STORE_LIVE_LEASE ", false) AS leased FROM %s"
-	        " WHERE " ABOVE_2 " UNION ALL SELECT attempts, created_at,"
-	        " COALESCE(" STORE_LIVE_LEASE ", false) FROM %s WHERE " DEFERRED_2 ") x) u",
-	        cte, s->table, s->table, s->table, s->table);
+	return admin_status_sql(s, cte, rows, sql, cap);
 }
 
 int admin_cursor_count_published_sql(struct store *s, char *sql, size_t cap)

@@ -22,6 +22,14 @@
 	"id, exchange_name, routing_key, ordering_key, last_error, attempts, " ISO( \
 	        "created_at") ", " ISO("available_at")
 
+/* The status statement of either source ($1 = max_attempts; docs/operations.md, "status"):
+ * cte defines `blocked` (the keys whose head is dead or waiting), rows is a query whose rows
+ * are the table's unpublished ones, with their attempts, created_at and leased (held by a
+ * relay right now). Answers one row: pending, leased, dead, the published estimate, the oldest
+ * pending age, the blocked keys, the oldest blocked key and its age, the table's pages. */
+int admin_status_sql(struct store *s, const char *cte, const char *rows, char *sql, size_t cap)
+        __attribute__((warn_unused_result));
+
 /* On a table the cursor source runs, with pos its position (docs/design.md):
  *   unpublished = published_at IS NULL AND (seq > pos OR deferred_at IS NOT NULL)
  * Rows above the position are a range of the seq index; the deferred ones below it are in the
