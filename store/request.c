@@ -165,7 +165,8 @@ static bool await_result(struct store *s, int64_t deadline)
 	return true;
 }
 
-PGresult *store_collect(struct store *s)
+/* store_collect(), keeping also the first answer in *first when one came before the last. */
+static PGresult *collect(struct store *s, PGresult **first)
 {
 	int64_t deadline = s->inflight_sent_ms ? s->inflight_sent_ms : 0;
 	PGresult *keep = NULL, *r;
@@ -189,7 +190,10 @@ PGresult *store_collect(struct store *s)
 			PQclear(r);
 			continue;
 		}
-		PQclear(keep);
+		if (first && !*first && keep)
+			*first = keep;
+		else
+			PQclear(keep);
 		keep = r;
 	}
 	if (s->no_answer || s->aborted) {
@@ -197,6 +201,11 @@ PGresult *store_collect(struct store *s)
 		return NULL;
 	}
 	return keep;
+}
+
+PGresult *store_collect(struct store *s)
+{
+	return collect(s, NULL);
 }
 
 int store_result_error(struct store *s, const PGresult *res, const char *what)
@@ -327,6 +336,29 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
                ExecStatusType want, PGresult **out, const char *what)
 {
 	return store_exec_state(s, sql, nparams, params, want, out, what, NULL);
+}
+
+int store_exec_two(struct store *s, const char *sql, PGresult **first, PGresult **second,
+                   const char *what)
+{
+	PGresult *res = NULL;
+	int rc;
+
+	*first = *second = NULL;
+	if ((rc = store_require_conn(s)) != 0)
+		return rc;
+	if (sent(s, PQsendQuery(s->conn, sql), STORE_INFLIGHT_SYNC))
+		res = collect(s, first);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQresultStatus(*first) != PGRES_TUPLES_OK) {
+		rc = store_result_error(s, PQresultStatus(res) != PGRES_TUPLES_OK ? res : *first,
+		                        what);
+		PQclear(res);
+		PQclear(*first);
+		*first = NULL;
+		return rc;
+	}
+	*second = res;
+	return 0;
 }
 
 int store_send_prepared(struct store *s, const char *name, int n, const char *const *params,

@@ -183,9 +183,8 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 			return rc;
 		fence = store_watermark_safe(c->store); /* the answers just read may move it */
 		r = &c->reads[c->cur];
-		r->fence = fence < c->read_pos ? c->read_pos : fence;
-		rc = position_read(c->store, c->read_pos, r->fence, limit, &r->rows, &r->seen,
-		                   &r->seen_cap);
+		rc = position_read(c->store, c->read_pos, fence < c->read_pos ? c->read_pos : fence,
+		                   limit, &r->rows, &r->seen, &r->seen_cap, &r->fence);
 		if (rc != 0)
 			return cursor_fail(c, SOURCE_STEP_READING, rc);
 	}
@@ -198,9 +197,8 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 		return cursor_fail(c, SOURCE_STEP_READING, rc);
 	if (n == 0)
 		return 0;
-	if (store_wakeup_armed(c->store) &&
-	    ((rc = cursor_quiet(c)) != 0 || (rc = position_disarm(c->store)) != 0))
-		return cursor_fail(c, SOURCE_STEP_DISARMING, rc);
+	/* Still armed (a wake-up from idle): the batch goes first, the lock is let go by
+	 * cursor_prefetch() while the broker confirms it. */
 	hand_out(c, c->rows, n, false, out);
 	return 0;
 }
@@ -313,6 +311,9 @@ int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 		return 0;
 	if ((rc = cursor_quiet(c)) != 0)
 		return rc;
+	/* Busy now: producers need not notify while this relay reads again and again. */
+	if (store_wakeup_armed(c->store) && (rc = position_disarm(c->store)) != 0)
+		return cursor_fail(c, SOURCE_STEP_DISARMING, rc);
 	fence = store_watermark_safe(c->store);
 	r->fence = fence < c->read_pos ? c->read_pos : fence;
 	rc = position_read_send(c->store, c->read_pos, r->fence, c->o.store.batch_size);

@@ -39,11 +39,17 @@ static int prepare_all(struct store *s)
 
 	if (s->position_prepared)
 		return 0;
-	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict. The held test looks for any
-	 * older exception: every exception is older than a row above the position. */
+	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict, $6 sample (false: the sample's
+	 * columns are NULL, and pg_locks is not read). The held test looks for any older
+	 * exception: every exception is older than a row above the position. */
 	if ((rc = store_prepare(
-	             s, ST_POS_READ, 5,
-	             "SELECT r.*, s.w, h.holders, h.n" SAMPLE_FROM
+	             s, ST_POS_READ, 6,
+	             "SELECT r.*, s.w, h.holders, h.n FROM (SELECT"
+	             " COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) s,"
+	             " LATERAL (SELECT string_agg(l.virtualtransaction, ',') AS holders,"
+	             " CASE WHEN $6::boolean THEN count(*) END AS n FROM pg_locks l"
+	             " WHERE $6::boolean AND l.locktype = 'relation' AND l.database = %u"
+	             " AND l.relation = %u AND l.pid IS DISTINCT FROM pg_backend_pid()) h"
 	             " LEFT JOIN LATERAL (SELECT " STORE_ROW_COLUMNS
 	             ", o.available_at > now(), o.attempts >= $4::int,"
 	             " o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
@@ -218,12 +224,16 @@ static int parse_read(struct store *s, const PGresult *res, struct store_batch *
 		                nt);
 		return STORE_ERR_QUERY;
 	}
-	if (store_parse_int64(PQgetvalue(res, 0, POS_COL_NHOLDERS), &n) != 0)
-		n = -1;
-	store_feed_sample(
-	        s, PQgetvalue(res, 0, POS_COL_W),
-	        PQgetisnull(res, 0, POS_COL_HOLDERS) ? "" : PQgetvalue(res, 0, POS_COL_HOLDERS), n);
-	s->sampled_ms = clock_mono_ms();
+	if (!PQgetisnull(res, 0, POS_COL_NHOLDERS)) { /* sampled */
+		if (store_parse_int64(PQgetvalue(res, 0, POS_COL_NHOLDERS), &n) != 0)
+			n = -1;
+		store_feed_sample(s, PQgetvalue(res, 0, POS_COL_W),
+		                  PQgetisnull(res, 0, POS_COL_HOLDERS)
+		                          ? ""
+		                          : PQgetvalue(res, 0, POS_COL_HOLDERS),
+		                  n);
+		s->sampled_ms = clock_mono_ms();
+	}
 	if (PQgetisnull(res, 0, COL_SEQ))
 		return 0;
 	if ((size_t)nt > *seen_cap) {
@@ -257,7 +267,7 @@ nomem:
 int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
 {
 	char a[24], f[24], l[24], m[24];
-	const char *params[5] = { a, f, l, m, s->opts.skip_dead ? "false" : "true" };
+	const char *params[6] = { a, f, l, m, s->opts.skip_dead ? "false" : "true", "true" };
 	int rc;
 
 	if ((rc = prepared(s)) != 0)
@@ -266,7 +276,7 @@ int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
 	snprintf(f, sizeof(f), "%lld", (long long)fence);
 	snprintf(l, sizeof(l), "%d", limit);
 	snprintf(m, sizeof(m), "%d", s->opts.max_attempts);
-	return store_send_prepared(s, ST_POS_READ, 5, params, STORE_INFLIGHT_CLAIM,
+	return store_send_prepared(s, ST_POS_READ, 6, params, STORE_INFLIGHT_CLAIM,
 	                           "could not read rows above the position");
 }
 
@@ -288,12 +298,47 @@ int position_read_recv(struct store *s, struct store_batch *out, struct position
 }
 
 int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
-                  struct position_seen **seen, size_t *seen_cap)
+                  struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
 {
-	int rc = position_read_send(s, after, fence, limit);
+	char sql[2048];
+	PGresult *first = NULL, *res = NULL;
+	int64_t n = -1, used = fence;
+	int rc;
 
 	out->n = 0;
-	return rc != 0 ? rc : position_read_recv(s, out, seen, seen_cap);
+	*fence_used = fence;
+	if ((rc = prepared(s)) != 0)
+		return rc;
+	/* The sample's statement ends before the read's begins, so the read's snapshot sees every
+	 * row up to a W that no transaction held when the sample looked (watermark.h). */
+	if ((rc = store_format_sql(
+	             s, sql, sizeof(sql),
+	             "SELECT set_config('outbox_relay.fence', GREATEST(%lld, CASE WHEN h.n = 0"
+	             " THEN s.w END)::text, false), s.w, h.holders, h.n" SAMPLE_FROM
+	             "; EXECUTE " ST_POS_READ
+	             "(%lld, current_setting('outbox_relay.fence')::bigint,"
+	             " %d, %d, %s, false)",
+	             (long long)fence, s->seq_oid, s->db_oid, s->seq_oid, (long long)after, limit,
+	             s->opts.max_attempts, s->opts.skip_dead ? "false" : "true")) != 0 ||
+	    (rc = store_exec_two(s, sql, &first, &res, "could not read rows above the position")) !=
+	            0)
+		return rc;
+	if (PQntuples(first) != 1 || store_parse_int64(PQgetvalue(first, 0, 0), &used) != 0) {
+		store_set_error(s, "the position read's sample returned something unreadable");
+		rc = STORE_ERR_QUERY;
+		goto out;
+	}
+	if (store_parse_int64(PQgetvalue(first, 0, 3), &n) != 0)
+		n = -1;
+	store_feed_sample(s, PQgetvalue(first, 0, 1),
+	                  PQgetisnull(first, 0, 2) ? "" : PQgetvalue(first, 0, 2), n);
+	s->sampled_ms = clock_mono_ms();
+	*fence_used = used;
+	rc = parse_read(s, res, out, seen, seen_cap);
+out:
+	PQclear(first);
+	PQclear(res);
+	return rc;
 }
 
 static int64_t pass_seq(const void *items, size_t i)

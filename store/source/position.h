@@ -35,13 +35,18 @@ struct position_seen {
 
 /* Reads up to limit unpublished rows with after < seq <= fence, in seq order, into out (its
  * rows; token and lease unused) and seen[] (out->n of them; seen is reallocated as needed:
- * *seen_cap its size), and samples the ordering watermark for the next read
- * (store_watermark_safe() gives the fence that sample allows). */
+ * *seen_cap its size), and samples the ordering watermark (store_watermark_safe() gives the
+ * fence that sample allows the next read).
+ * One round trip of two statements: the first samples the watermark, and when nobody holds the
+ * sequence its W is settled for the second, the read, which then goes up to W if that is
+ * above fence. So a row committed while the relay was idle is read by the first read after
+ * its notification, not by the one after that. *fence_used gets the fence the read used. */
 int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
-                  struct position_seen **seen, size_t *seen_cap)
+                  struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
         __attribute__((warn_unused_result));
-/* The same read split in two, so that the rows after a batch are read while the broker
- * confirms it: no other call on s in between. */
+/* A read in one statement and two halves, so that the rows after a batch are read while the
+ * broker confirms it: up to the fence given (under load the sequence is held most of the
+ * time), sampling the watermark after the read. No other call on s in between. */
 int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
         __attribute__((warn_unused_result));
 int position_read_recv(struct store *s, struct store_batch *out, struct position_seen **seen,

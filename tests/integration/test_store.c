@@ -14,6 +14,7 @@
 #include "store/liboutbox/outbox.h"
 #include "store/store.h"
 #include "store/source/lease.h"
+#include "store/source/position.h"
 #include "store/operator/admin.h"
 #include "store/operator/schema.h"
 #include "tests/support/fixture.h"
@@ -1346,6 +1347,52 @@ Test(store, a_producer_that_tested_before_the_arm_is_caught_by_settling)
 	cr_assert_not(woken_within(r, 300), "it tested before the arm: no notification");
 	cr_assert_eq(store_settle_watermark(r), 0, "%s", store_errmsg(r));
 	cr_assert_str_eq(claim_str(r, true), "early", "the claim after settling sees it");
+	PQfinish(producer);
+	store_free(r);
+	store_free(a);
+}
+
+/* The cursor's read after a quiet spell is given a stale fence (the last read's sample). The
+ * sample its first statement takes, just before the read, settles a W nobody holds, so the read
+ * finds the row committed meanwhile at once. While a producer holds a seq below a committed
+ * row, the read keeps to the fence it was given, and finds both once the producer commits. */
+Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
+{
+	struct store *a = migrated("pos_fresh");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *producer = harness_pg_connect();
+	struct outbox_message m = {
+		.id = "held", .exchange = "ex", .routing_key = "rk", .body = "x", .body_len = 1
+	};
+	struct store_batch b = { 0 };
+	struct position_seen *seen = NULL;
+	size_t cap = 0;
+	int64_t used = -1, fence;
+	char err[256];
+
+	add("quiet", NULL, 0);
+	cr_assert_eq(position_read(r, 0, 0, 10, &b, &seen, &cap, &used), 0, "%s", store_errmsg(r));
+	cr_assert_eq(b.n, 1, "the row committed while the relay was idle, read at once");
+	cr_assert_str_eq(b.rows[0].id, "quiet");
+	cr_assert_geq(used, b.rows[0].seq);
+
+	fence = used;
+	sql(producer, "BEGIN");
+	cr_assert_eq(outbox_add(producer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	add("after", NULL, 0);
+	cr_assert_eq(position_read(r, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 0, "a producer holds a seq below 'after': nothing may be read past it");
+	cr_assert_eq(used, fence, "the fence may not move while the sequence is held");
+
+	sql(producer, "COMMIT");
+	cr_assert_eq(position_read(r, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 2, "both rows, once the producer has committed");
+	cr_assert_str_eq(b.rows[0].id, "held");
+	cr_assert_str_eq(b.rows[1].id, "after");
+	store_batch_free(&b);
+	free(seen);
 	PQfinish(producer);
 	store_free(r);
 	store_free(a);
