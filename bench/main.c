@@ -215,7 +215,7 @@ static void usage(FILE *out)
 {
 	const char *sep = "";
 
-	fputs("usage: outbox-bench [--quick] [--only NAME] [--source lease|cursor|both]\n"
+	fputs("usage: outbox-bench [--quick] [--only NAME[,NAME...]] [--source lease|cursor|both]\n"
 	      "                    [--topology shared|split-cores|broker-core] [--relay PATH]\n"
 	      "                    [--rows N] [--backlog N] [--seconds S] [--workers N]\n"
 	      "                    [--batch N] [--retention D] [--load-rate R]\n"
@@ -228,7 +228,9 @@ static void usage(FILE *out)
 		}
 	}
 	fprintf(out,
-	        " (memory comes with relay/backlog; sources only with --only)\n"
+	        " (memory comes with relay/backlog; sources only with --only;\n"
+	        "  several names, comma-separated, run in the usual order: limit,relay gives the\n"
+	        "  relay's ratio to the limit of the same run)\n"
 	        "  --source: the relay's row source(s) (relay.source) in every measurement that\n"
 	        "  starts the relay (default both, in turn)\n"
 	        "  --topology: where bench/run put the servers, for the targets (default shared)\n"
@@ -279,13 +281,32 @@ static char *default_relay(const char *argv0)
 	return path;
 }
 
-static bool selectable(const char *name)
+/* Whether name is one of list's comma-separated names. */
+static bool listed(const char *list, const char *name)
 {
-	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
-		if (measurements[i].run && strcmp(measurements[i].name, name) == 0)
+	size_t n = strlen(name);
+
+	for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+		if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0'))
 			return true;
 	}
 	return false;
+}
+
+/* Whether every name of list (comma-separated) is a measurement that runs. */
+static bool selectable(const char *list)
+{
+	for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+		size_t n = strcspn(p, ",");
+		bool found = false;
+
+		for (size_t i = 0; i < N_MEASUREMENTS && !found; i++)
+			found = measurements[i].run && strlen(measurements[i].name) == n &&
+			        strncmp(measurements[i].name, p, n) == 0;
+		if (!found)
+			return false;
+	}
+	return true;
 }
 
 static int parse_sources(const char *s, unsigned *out)
@@ -412,8 +433,7 @@ static void run_all(struct bench *b)
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
 		const struct bench_measurement *m = &measurements[i];
 
-		if (!m->run ||
-		    !(b->opt.only ? strcmp(b->opt.only, m->name) == 0 : in_full_run(m->name)))
+		if (!m->run || !(b->opt.only ? listed(b->opt.only, m->name) : in_full_run(m->name)))
 			continue;
 		for (int j = 0; j < (m->per_source ? BENCH_N_SOURCES : 1); j++) {
 			enum bench_source s = (enum bench_source)(turn % 2 == 0 ? j : 1 - j);
