@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench/proc.h"
 #include "bench/drive/pgsql.h"
@@ -116,20 +117,34 @@ out:
 
 int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
 {
-	char sql[256];
+	return db_prepare_insert_rows(p, name, table, 1, err, errlen);
+}
+
+int db_prepare_insert_rows(PGconn *p, const char *name, const char *table, long rows, char *err,
+                           size_t errlen)
+{
+	size_t cap = 128 + strlen(table) + (size_t)rows * 40, len;
+	char *sql = malloc(cap);
 	PGresult *r;
 	int rc = 0;
 
-	snprintf(sql, sizeof(sql),
-	         "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES ($1, '', $2, $3) "
-	         "ON CONFLICT (id) DO NOTHING",
-	         table);
-	r = PQprepare(p, name, sql, 3, NULL);
+	if (!sql) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	len = (size_t)snprintf(
+	        sql, cap, "INSERT INTO %s (id, exchange_name, routing_key, body) VALUES", table);
+	for (long i = 0; i < rows; i++)
+		len += (size_t)snprintf(sql + len, cap - len, "%s ($%ld, '', $%ld, $%ld)",
+		                        i ? "," : "", 3 * i + 1, 3 * i + 2, 3 * i + 3);
+	snprintf(sql + len, cap - len, " ON CONFLICT (id) DO NOTHING");
+	r = PQprepare(p, name, sql, (int)(3 * rows), NULL);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
 		snprintf(err, errlen, "%s", PQerrorMessage(p));
 		rc = -1;
 	}
 	PQclear(r);
+	free(sql);
 	return rc;
 }
 

@@ -44,6 +44,10 @@ int db_drop_triggers(struct bench *b, PGconn *c, const char *what, const char *t
  * so any thread may call it. */
 int db_prepare_insert(PGconn *p, const char *name, const char *table, char *err, size_t errlen)
         __attribute__((warn_unused_result));
+/* As db_prepare_insert(), for rows rows in one statement: $1, $2, $3 the first row's id,
+ * routing key and body, $4, $5, $6 the second's, and so on. */
+int db_prepare_insert_rows(PGconn *p, const char *name, const char *table, long rows, char *err,
+                           size_t errlen) __attribute__((warn_unused_result));
 #define DB_MAX_RELAY_SESSIONS 16
 #define DB_APP_NAME_LEN       64
 

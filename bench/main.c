@@ -218,7 +218,7 @@ static void usage(FILE *out)
 	fputs("usage: outbox-bench [--quick] [--only NAME[,NAME...]] [--source lease|cursor|both]\n"
 	      "                    [--topology shared|split-cores|broker-core] [--relay PATH]\n"
 	      "                    [--rows N] [--backlog N] [--seconds S] [--workers N]\n"
-	      "                    [--batch N] [--retention D] [--load-rate R]\n"
+	      "                    [--batch N] [--retention D] [--load-rate R] [--load-batch N]\n"
 	      "  NAME: ",
 	      out);
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
@@ -234,9 +234,9 @@ static void usage(FILE *out)
 	        "  --source: the relay's row source(s) (relay.source) in every measurement that\n"
 	        "  starts the relay (default both, in turn)\n"
 	        "  --topology: where bench/run put the servers, for the targets (default shared)\n"
-	        "  --load-rate: commits/s of the load run (default: half the relay's figure of "
-	        "the\n"
+	        "  --load-rate: rows/s of the load run (default: half the relay's figure of the\n"
 	        "  same run and source, else %d)\n"
+	        "  --load-batch: rows per commit of the load run (default 1)\n"
 	        "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n",
 	        BENCH_LOAD_RATE_DFLT);
 }
@@ -373,6 +373,9 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 			i++;
 		} else if (strcmp(a, "--load-rate") == 0 && v &&
 		           parse_long(v, 1, 1000000, &o->load_rate) == 0) {
+			i++;
+		} else if (strcmp(a, "--load-batch") == 0 && v &&
+		           parse_long(v, 1, 1000, &o->load_batch) == 0) {
 			i++;
 		} else if (strcmp(a, "--retention") == 0 && v && v[0] && strlen(v) < 32) {
 			/* relay.retention as the relay reads it; the relay refuses a bad one. */
