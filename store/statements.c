@@ -9,15 +9,10 @@
 #define SQL_MAX 6144
 
 /* The claim takes a sample when it found keyed rows (heads), for them, or when the caller asks
- * ($11: the claim floor needs the watermark to move on, a few times a second). Otherwise W is
- * NULL, and the lock list, which reads every lock of the server (pg_lock_status()), is not
- * read at all (a one-time filter on s.w): under a steady trickle of unkeyed rows the claim
- * runs for every row or two, and the lock list was about a quarter of what the claim cost the
- * database. */
-#define CLAIM_SAMPLE_FROM                                                             \
-	" FROM (SELECT CASE WHEN $11::boolean OR EXISTS (SELECT 1 FROM heads) THEN"   \
-	" COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) END AS w OFFSET 0) " \
-	"s" SAMPLE_HOLDERS
+ * ($11: the claim floor needs the watermark to move on, a few times a second): under a steady
+ * trickle of unkeyed rows the claim runs for every row or two, and the lock list was about a
+ * quarter of what the claim cost the database. */
+#define CLAIM_SAMPLE_FROM SAMPLE_FROM_WHEN("$11::boolean OR EXISTS (SELECT 1 FROM heads)")
 
 /* Prepares statement name from fmt (the table's name and OIDs filled in by the caller's
  * arguments). */

@@ -109,6 +109,13 @@ enum store_claim_col {
 #define SAMPLE_FROM                                                                            \
 	" FROM (SELECT COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) " \
 	"s" SAMPLE_HOLDERS
+/* The sample taken only when cond (SQL) holds: otherwise W is NULL and the lock list, which
+ * reads every lock of the server (pg_lock_status()), is not read at all (a one-time filter on
+ * s.w); the holders are NULL and n is 0. */
+#define SAMPLE_FROM_WHEN(cond)                                                        \
+	" FROM (SELECT CASE WHEN " cond " THEN"                                       \
+	" COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) END AS w OFFSET 0) " \
+	"s" SAMPLE_HOLDERS
 /* Reusable parameter buffers (array literals) of the handle. */
 enum store_slot {
 	STORE_SLOT_IDS = 0,

@@ -11,6 +11,7 @@
 #define ST_POS_READ  "outbox_position_read"
 #define ST_POS_MOVE  "outbox_position_move"
 #define ST_POS_CLAIM "outbox_position_claim"
+#define ST_POS_FENCE "outbox_position_fence"
 
 /* The read's columns after the row's (STORE_ROW_COLUMNS): what the cursor needs to know of it,
  * then the watermark's sample, repeated on every row (one row of NULLs and the sample when no
@@ -39,24 +40,22 @@ static int prepare_all(struct store *s)
 
 	if (s->position_prepared)
 		return 0;
-	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict, $6 sample (false: the sample's
-	 * columns are NULL, and pg_locks is not read). The held test looks for any older
-	 * exception: every exception is older than a row above the position. */
+	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict, $6 sample (false: W is NULL,
+	 * and pg_locks is not read). The held test looks for any older exception: every exception
+	 * is older than a row above the position. */
 	if ((rc = store_prepare(
 	             s, ST_POS_READ, 6,
-	             "SELECT r.*, s.w, h.holders, h.n FROM (SELECT"
-	             " COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) s,"
-	             " LATERAL (SELECT string_agg(l.virtualtransaction, ',') AS holders,"
-	             " CASE WHEN $6::boolean THEN count(*) END AS n FROM pg_locks l"
-	             " WHERE $6::boolean AND l.locktype = 'relation' AND l.database = %u"
-	             " AND l.relation = %u AND l.pid IS DISTINCT FROM pg_backend_pid()) h"
-	             " LEFT JOIN LATERAL (SELECT " STORE_ROW_COLUMNS
-	             ", o.available_at > now(), o.attempts >= $4::int,"
-	             " o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
-	                     "o", "$5::boolean", "$4::int") " FROM %s o WHERE o.seq > $1::bigint "
-	                                                    "AND o.seq <= $2::bigint"
-	                                                    " AND o.published_at IS NULL ORDER BY "
-	                                                    "o.seq LIMIT $3::int) r ON true",
+	             "SELECT r.*, s.w, h.holders, h.n" SAMPLE_FROM_WHEN(
+	                     "$6::boolean") " LEFT JOIN LATERAL (SELECT " STORE_ROW_COLUMNS
+	                                    ", o.available_at > now(), o.attempts >= $4::int,"
+	                                    " o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
+	                                            "o", "$5::boolean",
+	                                            "$4::int") " FROM %s o WHERE o.seq > "
+	                                                       "$1::bigint "
+	                                                       "AND o.seq <= $2::bigint"
+	                                                       " AND o.published_at IS NULL ORDER "
+	                                                       "BY "
+	                                                       "o.seq LIMIT $3::int) r ON true",
 	             s->seq_oid, s->db_oid, s->seq_oid, t, t)) != 0)
 		return rc;
 	/* $1 from, $2 to, $3.. the passed rows, $8 max_attempts. Durable, as the lease source's
@@ -98,6 +97,15 @@ static int prepare_all(struct store *s)
 	                                "SKIP LOCKED) b"
 	                                " WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS,
 	             t, t, t)) != 0)
+		return rc;
+	/* $1 the fence so far. The first statement of a read from idle (position_read()): the
+	 * watermark's sample, and the fence the read after it may go up to, kept in the session's
+	 * outbox_relay.fence. */
+	if ((rc = store_prepare(s, ST_POS_FENCE, 1,
+	                        "SELECT set_config('outbox_relay.fence', GREATEST($1::bigint,"
+	                        " CASE WHEN h.n = 0 THEN s.w END)::text, false), s.w, h.holders,"
+	                        " h.n" SAMPLE_FROM,
+	                        s->seq_oid, s->db_oid, s->seq_oid)) != 0)
 		return rc;
 	s->position_prepared = true;
 	return 0;
@@ -210,13 +218,27 @@ int position_lead(struct store *s, int64_t *position)
 	return rc;
 }
 
+/* Feeds the watermark the sample of row 0 of res, three columns from col on: W, the holders
+ * and their count. A NULL W: the statement took none. */
+static void feed_sample(struct store *s, const PGresult *res, int col)
+{
+	int64_t n = -1;
+
+	if (PQgetisnull(res, 0, col))
+		return;
+	if (store_parse_int64(PQgetvalue(res, 0, col + 2), &n) != 0)
+		n = -1;
+	store_feed_sample(s, PQgetvalue(res, 0, col),
+	                  PQgetisnull(res, 0, col + 1) ? "" : PQgetvalue(res, 0, col + 1), n);
+	s->sampled_ms = clock_mono_ms();
+}
+
 /* The read's answer into out and seen[]. */
 static int parse_read(struct store *s, const PGresult *res, struct store_batch *out,
                       struct position_seen **seen, size_t *seen_cap)
 {
 	int nt = PQntuples(res);
 	size_t total = 0, used = 0, k = 0;
-	int64_t n = -1;
 
 	out->n = 0;
 	if (PQnfields(res) != POS_COL_COUNT || nt < 1) {
@@ -224,16 +246,7 @@ static int parse_read(struct store *s, const PGresult *res, struct store_batch *
 		                nt);
 		return STORE_ERR_QUERY;
 	}
-	if (!PQgetisnull(res, 0, POS_COL_NHOLDERS)) { /* sampled */
-		if (store_parse_int64(PQgetvalue(res, 0, POS_COL_NHOLDERS), &n) != 0)
-			n = -1;
-		store_feed_sample(s, PQgetvalue(res, 0, POS_COL_W),
-		                  PQgetisnull(res, 0, POS_COL_HOLDERS)
-		                          ? ""
-		                          : PQgetvalue(res, 0, POS_COL_HOLDERS),
-		                  n);
-		s->sampled_ms = clock_mono_ms();
-	}
+	feed_sample(s, res, POS_COL_W);
 	if (PQgetisnull(res, 0, COL_SEQ))
 		return 0;
 	if ((size_t)nt > *seen_cap) {
@@ -300,9 +313,9 @@ int position_read_recv(struct store *s, struct store_batch *out, struct position
 int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
                   struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
 {
-	char sql[2048];
+	char sql[256];
 	PGresult *first = NULL, *res = NULL;
-	int64_t n = -1, used = fence;
+	int64_t used = fence;
 	int rc;
 
 	out->n = 0;
@@ -311,15 +324,12 @@ int position_read(struct store *s, int64_t after, int64_t fence, int limit, stru
 		return rc;
 	/* The sample's statement ends before the read's begins, so the read's snapshot sees every
 	 * row up to a W that no transaction held when the sample looked (watermark.h). */
-	if ((rc = store_format_sql(
-	             s, sql, sizeof(sql),
-	             "SELECT set_config('outbox_relay.fence', GREATEST(%lld, CASE WHEN h.n = 0"
-	             " THEN s.w END)::text, false), s.w, h.holders, h.n" SAMPLE_FROM
-	             "; EXECUTE " ST_POS_READ
-	             "(%lld, current_setting('outbox_relay.fence')::bigint,"
-	             " %d, %d, %s, false)",
-	             (long long)fence, s->seq_oid, s->db_oid, s->seq_oid, (long long)after, limit,
-	             s->opts.max_attempts, s->opts.skip_dead ? "false" : "true")) != 0 ||
+	if ((rc = store_format_sql(s, sql, sizeof(sql),
+	                           "EXECUTE " ST_POS_FENCE "(%lld); EXECUTE " ST_POS_READ
+	                           "(%lld, current_setting('outbox_relay.fence')::bigint,"
+	                           " %d, %d, %s, false)",
+	                           (long long)fence, (long long)after, limit, s->opts.max_attempts,
+	                           s->opts.skip_dead ? "false" : "true")) != 0 ||
 	    (rc = store_exec_two(s, sql, &first, &res, "could not read rows above the position")) !=
 	            0)
 		return rc;
@@ -328,11 +338,7 @@ int position_read(struct store *s, int64_t after, int64_t fence, int limit, stru
 		rc = STORE_ERR_QUERY;
 		goto out;
 	}
-	if (store_parse_int64(PQgetvalue(first, 0, 3), &n) != 0)
-		n = -1;
-	store_feed_sample(s, PQgetvalue(first, 0, 1),
-	                  PQgetisnull(first, 0, 2) ? "" : PQgetvalue(first, 0, 2), n);
-	s->sampled_ms = clock_mono_ms();
+	feed_sample(s, first, 1);
 	*fence_used = used;
 	rc = parse_read(s, res, out, seen, seen_cap);
 out:
