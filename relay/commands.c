@@ -1,5 +1,5 @@
 /* The one-shot operator commands: schema, migrate, status, dead, requeue, discard, keys, purge,
- * config, healthcheck (enqueue has a file of its own). Each opens what it needs, does one
+ * leave-cursor, config, healthcheck (enqueue and replay have files of their own). Each opens what it needs, does one
  * thing, and says what it did on stdout (errors on stderr, one line). */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,6 +16,7 @@
 #include "store/liboutbox/outbox.h"
 #include "store/store.h"
 #include "store/operator/admin.h"
+#include "store/operator/leave_cursor.h"
 #include "store/operator/schema.h"
 
 struct store *command_admin_open(const struct config *cfg, struct store_options *o)
@@ -424,6 +425,68 @@ int command_purge(const struct config *cfg, int argc, char **argv)
 		return command_store_failed(s, "purge");
 	printf("purged %" PRId64 " published row%s\n", deleted, deleted == 1 ? "" : "s");
 	store_free(s);
+	return 0;
+}
+
+/* Hands the table back from the cursor source to the lease source (docs/operations.md, "On a
+ * table run by the cursor source"). A relay that leads the table is refused like a row under a
+ * lease (exit 1, nothing changed): the relays must be stopped first. */
+int command_leave_cursor(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = { "--dry-run", NULL };
+	struct store_leave_outcome lo;
+	struct store_options o;
+	struct store *s;
+	bool dry = command_has_flag(argc, argv, "--dry-run");
+	int rc;
+
+	if ((rc = command_unknown_args(argc, argv, known, "leave-cursor")))
+		return rc;
+	for (int i = 0; i < argc; i++) {
+		if (strncmp(argv[i], "--", 2) != 0) {
+			fputs("outbox-relay: usage: leave-cursor [--dry-run]\n", stderr);
+			return 2;
+		}
+	}
+	s = command_admin_open(cfg, &o);
+	if (!s)
+		return 1;
+	if (store_leave_cursor(s, STORE_LEAVE_BATCH, dry, &lo) < 0)
+		return command_store_failed(s, "hand the table to the lease source");
+	store_free(s);
+	switch (lo.state) {
+	case STORE_LEAVE_NOT_CURSOR:
+		printf("table %s is not run by the cursor source (no position row): nothing to "
+		       "do\n",
+		       cfg->database_table);
+		return 0;
+	case STORE_LEAVE_LED:
+		fprintf(stderr,
+		        "outbox-relay: leave-cursor: a relay with relay.source = cursor leads "
+		        "table "
+		        "%s: stop every relay of the table first, then run leave-cursor again; "
+		        "nothing was changed\n",
+		        cfg->database_table);
+		return 1;
+	case STORE_LEAVE_DONE:
+		break;
+	}
+	if (dry)
+		printf("table %s: %" PRId64 " row%s behind position %" PRId64
+		       " would be marked published, %" PRId64
+		       " deferred row%s left to the lease source; nothing was changed "
+		       "(--dry-run)\n",
+		       cfg->database_table, lo.marked, lo.marked == 1 ? "" : "s", lo.position,
+		       lo.deferred, lo.deferred == 1 ? "" : "s");
+	else
+		printf("table %s handed to the lease source: %" PRId64
+		       " row%s behind position %" PRId64
+		       " marked published (published_at %s), %" PRId64
+		       " deferred row%s left to the lease source; now set relay.source = lease and "
+		       "start the relays\n",
+		       cfg->database_table, lo.marked, lo.marked == 1 ? "" : "s", lo.position,
+		       lo.moved_at[0] ? lo.moved_at : "now", lo.deferred,
+		       lo.deferred == 1 ? "" : "s");
 	return 0;
 }
 

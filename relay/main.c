@@ -33,6 +33,9 @@ static const char usage[] =
         "                           lease to the relay)\n"
         "  keys --blocked [--json]  ordering keys held up by a failed or dead head row\n"
         "  purge --older-than D     delete published rows older than D\n"
+        "  leave-cursor [--dry-run] hand a table the cursor source ran back to the lease\n"
+        "                           source: mark the rows it published, delete its\n"
+        "                           position (relays of the table stopped; as the owner)\n"
         "  replay FILTER... [--dry-run] [--yes]\n"
         "                           publish retained published rows again; FILTER:\n"
         "                           --since T, --until T (a time, or a duration ago with\n"
@@ -182,6 +185,7 @@ static const struct {
 	{ "discard", command_discard },
 	{ "keys", command_keys },
 	{ "purge", command_purge },
+	{ "leave-cursor", command_leave_cursor },
 	{ "replay", command_replay },
 	{ "config", command_config },
 	{ "healthcheck", command_healthcheck },

@@ -83,6 +83,7 @@ int command_requeue(const struct config *cfg, int argc, char **argv);
 int command_discard(const struct config *cfg, int argc, char **argv);
 int command_keys(const struct config *cfg, int argc, char **argv);
 int command_purge(const struct config *cfg, int argc, char **argv);
+int command_leave_cursor(const struct config *cfg, int argc, char **argv);
 int command_replay(const struct config *cfg, int argc, char **argv); /* relay/replay.c */
 int command_config(const struct config *cfg, int argc, char **argv);
 int command_healthcheck(const struct config *cfg, int argc, char **argv);
