@@ -172,7 +172,8 @@ static void ignore_notice(void *arg, const char *message)
 
 /* The lease source on a table the cursor source runs would take every row behind the
  * position for unpublished (nothing is written in a row the cursor publishes) and publish
- * them all again. */
+ * them all again. `outbox-relay leave-cursor` (store/operator/leave_cursor.c) marks them and
+ * deletes the position row: the way out that the message names. */
 static int refuse_cursor_table(struct store *s)
 {
 	bool cursor = false;
@@ -183,7 +184,8 @@ static int refuse_cursor_table(struct store *s)
 		return rc;
 	store_set_error(s,
 	                "%s is run by the cursor source (relay.source = cursor): its published "
-	                "rows carry no published_at; set relay.source = cursor",
+	                "rows carry no published_at; set relay.source = cursor, or run "
+	                "outbox-relay leave-cursor to hand it to the lease source",
 	                s->table);
 	return STORE_ERR_FATAL;
 }

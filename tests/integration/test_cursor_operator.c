@@ -360,10 +360,11 @@ Test(cursor_operator, the_lease_source_refuses_a_table_the_cursor_runs)
 	r = store_new(&o);
 	cr_assert_not_null(r);
 	cr_assert_eq(store_connect(r), STORE_ERR_FATAL);
-	char want[256];
+	char want[512];
 	snprintf(want, sizeof(want),
 	         "%s is run by the cursor source (relay.source = cursor): its published rows carry"
-	         " no published_at; set relay.source = cursor",
+	         " no published_at; set relay.source = cursor, or run outbox-relay leave-cursor"
+	         " to hand it to the lease source",
 	         g_fx.table);
 	cr_expect_str_eq(store_errmsg(r), want);
 	store_free(r);
