@@ -1,7 +1,7 @@
 /* Least privilege, as packaging/roles.sql and packaging/grants.sql set it up and psql runs
  * them: the owner role migrates, the relay role runs the relay and every operator command,
  * the application's role (a member of the producer role) adds messages; and each of them can
- * do no more than that. */
+ * do no more than that (leave-cursor, which deletes the cursor's position row, is the owner's). */
 #include <criterion/criterion.h>
 #include <libpq-fe.h>
 #include <signal.h>
@@ -237,6 +237,7 @@ Test(roles, relay_and_commands_run_as_the_roles, .timeout = 600)
 Test(roles, each_role_can_do_no_more, .timeout = 300)
 {
 	struct roles t;
+	struct harness_output o;
 	char sql[1024], other[64];
 	PGconn *relay, *app, *owner;
 
@@ -262,6 +263,17 @@ Test(roles, each_role_can_do_no_more, .timeout = 300)
 	expect_allowed(relay, "the relay", sql);
 	snprintf(sql, sizeof(sql), "DROP TABLE %s_position", t.fx.table);
 	expect_denied(relay, "the relay", sql);
+	/* leave-cursor ends by deleting the position row, which only the owner may: the relay role
+	 * is refused before anything is marked, the owner hands the table over. */
+	cli_as(&o, &t, t.e_relay, 1, "leave-cursor", NULL, NULL, NULL);
+	cr_expect(strstr(o.err, "run leave-cursor as the table's owner") != NULL, "stderr: %s",
+	          o.err);
+	harness_output_free(&o);
+	cr_expect_eq(harness_cursor_position(t.fx.pg, t.fx.table), 1);
+	cli_as(&o, &t, t.e_owner, 0, "leave-cursor", NULL, NULL, NULL);
+	harness_output_free(&o);
+	cr_expect_eq(harness_cursor_position(t.fx.pg, t.fx.table), -1,
+	             "the owner's leave-cursor left the position row");
 	/* ... and nothing more: no DDL on the outbox, no producing, no other table, no new
 	 * objects, no drawing of sequence values. */
 	snprintf(sql, sizeof(sql), "DROP TABLE %s", t.fx.table);
