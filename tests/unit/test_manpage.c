@@ -220,6 +220,7 @@ Test(manpage, commands_show_their_options_unnested)
 		"     discard --id id ... [--force]\n",
 		"     purge --older-than duration\n",
 		"     replay filter ... [--dry-run | --yes]\n",
+		"     leave-cursor [--dry-run]\n",
 		NULL,
 	};
 	char path[4096];
