@@ -25,17 +25,16 @@
  * rows found, the last seq found (NULL when none). */
 static int unkeyed_sql(struct store *s, char *sql, size_t cap)
 {
-	return store_format_sql(
-	        s, sql, cap,
-	        "WITH b AS MATERIALIZED (SELECT seq FROM %s WHERE published_at IS NULL"
-	        " AND ordering_key IS NULL AND seq > $2::bigint AND " LEAVE_DONE_BY_CURSOR(
-	                "") " ORDER BY seq LIMIT $3::int),"
-	                    " u AS (UPDATE %s o SET published_at = " LEAVE_PUBLISHED_AT " FROM b"
-	                    " WHERE o.seq = b.seq AND " LEAVE_DONE_BY_CURSOR(
-	                            "o.") " RETURNING 1)"
-	                                  " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM "
-	                                  "b), (SELECT max(seq) FROM b)",
-	        s->table, s->table);
+	return store_format_sql(s, sql, cap,
+	                        "WITH b AS MATERIALIZED (SELECT seq FROM %s"
+	                        " WHERE published_at IS NULL AND ordering_key IS NULL"
+	                        " AND seq > $2::bigint AND %s ORDER BY seq LIMIT $3::int),"
+	                        " u AS (UPDATE %s o SET published_at = %s FROM b"
+	                        " WHERE o.seq = b.seq AND %s RETURNING 1)"
+	                        " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM b),"
+	                        " (SELECT max(seq) FROM b)",
+	                        s->table, LEAVE_DONE_BY_CURSOR(""), s->table, LEAVE_PUBLISHED_AT,
+	                        LEAVE_DONE_BY_CURSOR("o."));
 }
 
 /* One batch of keyed rows, along the key index (key, then seq) from above ($5, $2): as
@@ -43,22 +42,19 @@ static int unkeyed_sql(struct store *s, char *sql, size_t cap)
  * and key found (NULL when none). */
 static int keyed_sql(struct store *s, char *sql, size_t cap)
 {
-	return store_format_sql(
-	        s, sql, cap,
-	        "WITH b AS MATERIALIZED (SELECT ordering_key, seq FROM %s WHERE published_at IS "
-	        "NULL"
-	        " AND ordering_key IS NOT NULL AND (ordering_key, seq) > ($5::text, $2::bigint)"
-	        " AND " LEAVE_DONE_BY_CURSOR(
-	                "") " ORDER BY ordering_key, seq LIMIT $3::int),"
-	                    " l AS (SELECT ordering_key, seq FROM b ORDER BY ordering_key DESC, "
-	                    "seq DESC LIMIT 1),"
-	                    " u AS (UPDATE %s o SET published_at = " LEAVE_PUBLISHED_AT " FROM b"
-	                    " WHERE o.seq = b.seq AND " LEAVE_DONE_BY_CURSOR(
-	                            "o.") " RETURNING 1)"
-	                                  " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM "
-	                                  "b), (SELECT seq FROM l),"
-	                                  " (SELECT ordering_key::text FROM l)",
-	        s->table, s->table);
+	return store_format_sql(s, sql, cap,
+	                        "WITH b AS MATERIALIZED (SELECT ordering_key, seq FROM %s"
+	                        " WHERE published_at IS NULL AND ordering_key IS NOT NULL"
+	                        " AND (ordering_key, seq) > ($5::text, $2::bigint) AND %s"
+	                        " ORDER BY ordering_key, seq LIMIT $3::int),"
+	                        " l AS (SELECT ordering_key, seq FROM b"
+	                        " ORDER BY ordering_key DESC, seq DESC LIMIT 1),"
+	                        " u AS (UPDATE %s o SET published_at = %s FROM b"
+	                        " WHERE o.seq = b.seq AND %s RETURNING 1)"
+	                        " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM b),"
+	                        " (SELECT seq FROM l), (SELECT ordering_key::text FROM l)",
+	                        s->table, LEAVE_DONE_BY_CURSOR(""), s->table, LEAVE_PUBLISHED_AT,
+	                        LEAVE_DONE_BY_CURSOR("o."));
 }
 
 /* Reads column c of row 0 of res as an int64 into *v: 0, or STORE_ERR_QUERY (error set). */
