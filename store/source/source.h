@@ -172,8 +172,10 @@ int source_next(struct source *s, const struct source_batch **out, int64_t *ask_
  * readable (or before sleeping): *woken when rows may have arrived. Never blocks. */
 int source_fd(const struct source *s);
 int source_input(struct source *s, bool *woken) __attribute__((warn_unused_result));
-/* Starts fetching the batch after b while the broker works on b; b's rows were all handed to
- * the broker. Optional: without it the next source_next() fetches. */
+/* Fetches the batch after b while the broker works on b (starts it, or waits for it too: what
+ * the source does here costs the broker nothing, what it leaves for source_settle() keeps the
+ * broker idle); b's rows were all handed to the broker. Optional: without it the next
+ * source_next() fetches. */
 int source_prefetch(struct source *s, const struct source_batch *b)
         __attribute__((warn_unused_result));
 /* Records how b ended: fates[i] is the fate of b->rows[i]. fates NULL: the batch is left as it
