@@ -181,6 +181,17 @@ static const char *claim_all(struct store *s)
 	return out;
 }
 
+/* What the lease source claims on the table, opened as a relay of it would open it. */
+static const char *lease_claims(void)
+{
+	struct store_options o = fixture_store_options(&g_fx, "lease-1", false);
+	struct store *lease = fixture_store_open(&g_fx, &o);
+	const char *ids = claim_all(lease);
+
+	store_free(lease);
+	return ids;
+}
+
 /* Sessions holding the table's lead (the cursor source's advisory lock, class "outc"). */
 static int64_t lead_holders(void)
 {
@@ -194,8 +205,7 @@ static int64_t lead_holders(void)
 Test(leave_cursor, marks_what_the_cursor_published_and_the_lease_source_takes_the_rest)
 {
 	struct store_leave_outcome lo;
-	struct store_options o;
-	struct store *s, *lease;
+	struct store *s;
 	char *before, *after, *ids;
 	int64_t pos;
 
@@ -249,10 +259,7 @@ Test(leave_cursor, marks_what_the_cursor_published_and_the_lease_source_takes_th
 	/* The lease source takes the table (no refusal), and claims exactly the rows above the
 	 * position and the exceptions that are due: a2 (ka) is claimable because ka1 and ka2 are
 	 * marked, a3 (kb) because kb1 is; dwait waits for its time and ddead for an operator. */
-	o = fixture_store_options(&g_fx, "lease-1", false);
-	lease = fixture_store_open(&g_fx, &o);
-	cr_expect_str_eq(claim_all(lease), "a1,a2,a3,a4,dfail,dkey");
-	store_free(lease);
+	cr_expect_str_eq(lease_claims(), "a1,a2,a3,a4,dfail,dkey");
 	fixture_teardown(&g_fx);
 }
 
@@ -384,10 +391,7 @@ Test(leave_cursor, a_run_cut_short_is_finished_by_the_next)
 	free(ids);
 	cr_expect_eq(harness_cursor_position(g_fx.pg, g_fx.table), -1);
 	store_free(s);
-	o = fixture_store_options(&g_fx, "lease-1", false);
-	lease = fixture_store_open(&g_fx, &o);
-	cr_expect_str_eq(claim_all(lease), "a1,a2,a3,a4,dfail,dkey");
-	store_free(lease);
+	cr_expect_str_eq(lease_claims(), "a1,a2,a3,a4,dfail,dkey");
 	fixture_teardown(&g_fx);
 }
 
