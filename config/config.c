@@ -387,7 +387,10 @@ static struct config *build(struct config_slot *slots)
 	if (!c)
 		return NULL;
 	c->sources = calloc(nkeys, sizeof(*c->sources));
-	if (!c->sources) {
+	c->source_name = strdup("");
+	if (!c->sources || !c->source_name) {
+		free(c->sources);
+		free(c->source_name);
 		free(c);
 		return NULL;
 	}
@@ -477,6 +480,10 @@ void config_free(struct config *c)
 			free(c->sources[i]);
 	}
 	free(c->sources);
+	for (size_t i = 0; i < c->n_named; i++)
+		config_free(c->named[i]);
+	free(c->named);
+	free(c->source_name);
 	free(c);
 }
 

@@ -12,6 +12,12 @@ enum config_ordering { CONFIG_ORDERING_STRICT, CONFIG_ORDERING_SKIP_DEAD };
  * position kept once per table (docs/design.md, "Row sources"). */
 enum config_source { CONFIG_SOURCE_LEASE, CONFIG_SOURCE_CURSOR };
 
+/* Named sources (docs/configuration.md, "Many sources"): one process relays from several
+ * databases or tables, each with its own workers and connections. A name matches
+ * [a-z][a-z0-9_]* and is at most CONFIG_SOURCE_NAME_MAX bytes. */
+#define CONFIG_SOURCES_MAX     32
+#define CONFIG_SOURCE_NAME_MAX 32
+
 /* relay.workers' upper bound: the relay keeps per-worker arrays of this size (checked where
  * they are defined, in relay/). */
 #define CONFIG_RELAY_WORKERS_MAX 64
@@ -58,6 +64,19 @@ struct config {
 	 * "default", "file <path>:<line>", "env OUTBOX_X", "env OUTBOX_X_FILE (<path>)",
 	 * "flag --set". */
 	char **sources;
+
+	/* The source this snapshot configures: "" for the top level, the name for each entry of
+	 * named. Never NULL. */
+	char *source_name;
+	/* The named sources, in the order they were first named (the file's "sources" object,
+	 * then OUTBOX_SOURCES, then --set sources.NAME.KEY=...); owned, n_named entries. Each is
+	 * a complete, validated snapshot with source_name set and n_named 0. A source's key
+	 * takes the source's own value when one is given (file < environment < --set among
+	 * them), else the top level's effective value. When n_named > 0 the top level holds
+	 * only those defaults and the process-wide keys (log.*, http.listen) and is not run as
+	 * a source itself; when 0 the top level is the one source, as before. */
+	struct config **named;
+	size_t n_named;
 };
 
 /* Errors found while building a config: every problem at once, one line each, e.g.
