@@ -110,15 +110,19 @@ make_tls() {
 	}
 }
 
+# start_pg BINDIR PORT [NAME]: a cluster under DIR/NAME (pg by default) with its control
+# wrapper DIR/bin/NAME_ctl. The second one (pg2) is for the tests that need a database on
+# another server (tests/fault/test_sources.c).
 start_pg() {
-	local bindir=$1 port=$2 pgdir=$dir/pg
+	local bindir=$1 port=$2 name=${3:-pg}
+	local pgdir=$dir/$name ctl=$dir/bin/${3:-pg}_ctl
 	mkdir -p "$pgdir"
 	# PostgreSQL refuses to run as root, so the cluster belongs to the postgres user.
 	chown postgres: "$pgdir"
 	chmod 700 "$pgdir"
 	if ! runuser -u postgres -- "$bindir/initdb" -D "$pgdir/data" -U postgres --auth=trust \
-		-E UTF8 --locale=C.UTF-8 --no-sync >"$dir/initdb.log" 2>&1; then
-		show_log "$dir/initdb.log"
+		-E UTF8 --locale=C.UTF-8 --no-sync >"$pgdir/initdb.log" 2>&1; then
+		show_log "$pgdir/initdb.log"
 		die "initdb failed"
 	fi
 	# Settings go into the cluster's own file so that a restart by the fault tests keeps them.
@@ -142,13 +146,13 @@ EOF
 	install -o postgres -g postgres -m 600 "$dir/tls/server.key" "$pgdir/server.key"
 	# Wrapper used by restart tests; -l keeps the server off the caller's stdout, which
 	# would otherwise keep a test's pipe open for the postmaster's whole life.
-	cat >"$dir/bin/pg_ctl" <<EOF
+	cat >"$ctl" <<EOF
 #!/bin/sh
 exec runuser -u postgres -- "$bindir/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" "\$@"
 EOF
-	chmod 755 "$dir/bin/pg_ctl"
-	if ! "$dir/bin/pg_ctl" -w -t 60 start >"$dir/pg_ctl.log" 2>&1; then
-		show_log "$dir/pg_ctl.log" "$pgdir/server.log"
+	chmod 755 "$ctl"
+	if ! "$ctl" -w -t 60 start >"$pgdir/pg_ctl.log" 2>&1; then
+		show_log "$pgdir/pg_ctl.log" "$pgdir/server.log"
 		die "PostgreSQL did not start on port $port"
 	fi
 }
@@ -215,7 +219,7 @@ EOF
 }
 
 do_start() {
-	local pgbin rbin pg_port amqp_port dist_port epmd_port amqps_port
+	local pgbin rbin pg_port amqp_port dist_port epmd_port amqps_port pg2_port
 	pgbin=$(pg_bindir)
 	rbin=$(rmq_bindir)
 	[ "$(id -u)" -eq 0 ] || die "must run as root (PostgreSQL is run as the postgres user)"
@@ -233,12 +237,15 @@ do_start() {
 	epmd_port=$REPLY
 	free_port
 	amqps_port=$REPLY
+	free_port
+	pg2_port=$REPLY
 	# Written first, so that stop can clean up after a start that failed half way.
-	write_env "$pg_port" "$amqp_port" "$dist_port" "$epmd_port" "$amqps_port"
+	write_env "$pg_port" "$amqp_port" "$dist_port" "$epmd_port" "$amqps_port" "$pg2_port"
 	make_tls
 	start_pg "$pgbin" "$pg_port"
+	start_pg "$pgbin" "$pg2_port" pg2
 	start_rmq "$rbin" "$amqp_port" "$dist_port" "$epmd_port" "$amqps_port"
-	echo "services.sh: PostgreSQL on 127.0.0.1:$pg_port (TLS on), RabbitMQ on" \
+	echo "services.sh: PostgreSQL on 127.0.0.1:$pg_port (TLS on) and a second on $pg2_port, RabbitMQ on" \
 		"127.0.0.1:$amqp_port (TLS on $amqps_port); env in $dir/env"
 }
 
@@ -262,6 +269,9 @@ export RELAY_TEST_RABBITMQ_STOP='$dir/bin/rabbitmq-stop'
 export RELAY_TEST_AMQPS='amqps://guest:guest@localhost:$5'
 export RELAY_TEST_AMQPS_PORT=$5
 export RELAY_TEST_TLS_DIR='$dir/tls'
+export RELAY_TEST_PG2='host=127.0.0.1 port=$6 user=postgres dbname=postgres'
+export RELAY_TEST_PG2_PORT=$6
+export RELAY_TEST_PG2_CTL='$dir/bin/pg2_ctl'
 EOF
 }
 
@@ -287,6 +297,9 @@ do_stop() {
 	# Each step runs even when an earlier one failed: a half-started set must not leak servers.
 	if [ -f "$dir/pg/data/postmaster.pid" ]; then
 		"$dir/bin/pg_ctl" -m immediate -w -t 30 stop >/dev/null 2>&1 || rc=1
+	fi
+	if [ -f "$dir/pg2/data/postmaster.pid" ]; then
+		"$dir/bin/pg2_ctl" -m immediate -w -t 30 stop >/dev/null 2>&1 || rc=1
 	fi
 	if [ -f "$dir/rmq/node.env" ]; then
 		if [ -f "$dir/rmq/pid" ]; then
