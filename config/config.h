@@ -115,6 +115,9 @@ size_t config_key_count(void);
 const char *config_key_name(size_t i); /* "relay.batch_size" */
 const char *config_key_help(size_t i); /* one line */
 bool config_key_sensitive(size_t i);
+/* True for the keys one process has once (log.*, http.listen): never set under a source, left
+ * out of a named source's `config show`. */
+bool config_key_process_wide(size_t i);
 /* The environment variable name of key i, e.g. "OUTBOX_RELAY_BATCH_SIZE" (static storage). */
 const char *config_key_env(size_t i);
 /* Index of a key by name, or -1. */

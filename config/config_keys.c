@@ -266,6 +266,7 @@ static const struct config_key keys[] = {
 	        .type = CONFIG_ENUM,
 	        .def = "info",
 	        .choices = level_choices,
+	        .process_wide = true,
 	        .field = FIELD(log_level),
 	        .help = "least severe level written: debug, info, warn, error",
 	},
@@ -275,6 +276,7 @@ static const struct config_key keys[] = {
 	        .type = CONFIG_ENUM,
 	        .def = "text",
 	        .choices = format_choices,
+	        .process_wide = true,
 	        .field = FIELD(log_format),
 	        .help = "text (logfmt) or json",
 	},
@@ -284,6 +286,7 @@ static const struct config_key keys[] = {
 	        .type = CONFIG_STRING,
 	        .def = "127.0.0.1:8787",
 	        .check = CONFIG_CHECK_LISTEN,
+	        .process_wide = true,
 	        .field = FIELD(http_listen),
 	        .help = "host:port for /healthz, /readyz and /metrics; empty disables",
 	},
@@ -321,6 +324,11 @@ const char *config_key_help(size_t i)
 bool config_key_sensitive(size_t i)
 {
 	return i < config_key_count() && keys[i].sensitive;
+}
+
+bool config_key_process_wide(size_t i)
+{
+	return i < config_key_count() && keys[i].process_wide;
 }
 
 const char *config_key_env(size_t i)

@@ -39,6 +39,7 @@ struct config_key {
 	int64_t min, max;           /* int: value bounds; duration: milliseconds */
 	bool zero_ok;               /* duration: 0 is allowed besides min..max */
 	bool sensitive;             /* value never printed but through redact_conninfo() */
+	bool process_wide;          /* one per process (logs, HTTP): refused under a source */
 	const char *const *choices; /* enum: NULL-terminated names, index = enum value */
 	enum config_check check;
 	size_t field; /* offsetof in struct config; its C type follows from type */
@@ -71,6 +72,11 @@ struct config_file_entry {
 	int64_t ms; /* kind INT or REAL: the number read as seconds, in ms (for durations) */
 	bool ms_ok; /* ms holds a usable, non-negative value */
 	int line;
+	/* Under the top-level "sources" object: the source's name is key[8 .. 8 + name_len) and
+	 * the key within the source starts at key + rel (at the NUL when the member is not an
+	 * object). name_len is 0 for every other entry, and for "sources" itself. */
+	size_t name_len;
+	size_t rel;
 };
 
 struct config_file {

@@ -254,10 +254,38 @@ static char *json_text(json_t *v, enum config_json_kind *kind, int64_t *ms, bool
 	}
 }
 
-/* Flattens obj into dotted entries, descending only into sections the key table knows, so
- * that an unknown section is reported once as an unknown key rather than once per leaf. */
-static int flatten(json_t *obj, const char *prefix, const struct key_lines *kl,
-                   struct config_file *f, size_t *cap)
+/* Adds path = v as one entry, with the line it sits on and where a named source's parts are. */
+static int add_entry(struct config_file *f, size_t *cap, const struct key_lines *kl,
+                     const char *path, json_t *v, size_t name_len, size_t rel)
+{
+	struct config_file_entry e;
+	size_t seen = 0;
+
+	memset(&e, 0, sizeof(e));
+	for (size_t j = 0; j < f->n; j++) {
+		if (strcmp(f->v[j].key, path) == 0)
+			seen++;
+	}
+	e.line = key_lines_find(kl, path, seen);
+	e.name_len = name_len;
+	e.rel = rel;
+	e.key = strdup(path);
+	e.text = json_text(v, &e.kind, &e.ms, &e.ms_ok);
+	if (!e.key || !e.text || entries_add(f, cap, &e) < 0) {
+		free(e.key);
+		free(e.text);
+		return -1;
+	}
+	return 0;
+}
+
+static int flatten(json_t *obj, const char *prefix, size_t name_len, size_t rel,
+                   const struct key_lines *kl, struct config_file *f, size_t *cap);
+
+/* The top-level "sources" object: one entry per member, so that a source given as {} is still
+ * named, then the member's keys with the source's name and the key's start marked. */
+static int flatten_sources(json_t *obj, const struct key_lines *kl, struct config_file *f,
+                           size_t *cap)
 {
 	const char *name;
 	json_t *v;
@@ -265,32 +293,49 @@ static int flatten(json_t *obj, const char *prefix, const struct key_lines *kl,
 	json_object_foreach(obj, name, v)
 	{
 		char path[CONFIG_PATH_MAX];
-		struct config_file_entry e;
-		size_t seen = 0;
+		int w = snprintf(path, sizeof(path), "sources.%s", name);
+
+		if (w < 0 || (size_t)w >= sizeof(path))
+			path[sizeof(path) - 1] = '\0'; /* reported as a bad name, truncated */
+		if (add_entry(f, cap, kl, path, v, strlen(path) - 8, strlen(path)) < 0)
+			return -1;
+		if (json_is_object(v) &&
+		    flatten(v, path, strlen(path) - 8, strlen(path) + 1, kl, f, cap) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Flattens obj into dotted entries, descending only into sections the key table knows, so
+ * that an unknown section is reported once as an unknown key rather than once per leaf.
+ * Under a named source, path + rel is the key within the source. */
+static int flatten(json_t *obj, const char *prefix, size_t name_len, size_t rel,
+                   const struct key_lines *kl, struct config_file *f, size_t *cap)
+{
+	const char *name;
+	json_t *v;
+
+	json_object_foreach(obj, name, v)
+	{
+		char path[CONFIG_PATH_MAX];
 		int w;
 
 		w = snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", name);
 		if (w < 0 || (size_t)w >= sizeof(path))
 			path[sizeof(path) - 1] = '\0'; /* reported as unknown, truncated */
-		if (json_is_object(v) && config_key_index(path) < 0 &&
-		    config_key_is_section(path)) {
-			if (flatten(v, path, kl, f, cap) < 0)
+		if (!*prefix && strcmp(name, "sources") == 0 && json_is_object(v)) {
+			if (flatten_sources(v, kl, f, cap) < 0)
 				return -1;
 			continue;
 		}
-		memset(&e, 0, sizeof(e));
-		for (size_t j = 0; j < f->n; j++) {
-			if (strcmp(f->v[j].key, path) == 0)
-				seen++;
+		if (json_is_object(v) && strlen(path) > rel && config_key_index(path + rel) < 0 &&
+		    config_key_is_section(path + rel)) {
+			if (flatten(v, path, name_len, rel, kl, f, cap) < 0)
+				return -1;
+			continue;
 		}
-		e.line = key_lines_find(kl, path, seen);
-		e.key = strdup(path);
-		e.text = json_text(v, &e.kind, &e.ms, &e.ms_ok);
-		if (!e.key || !e.text || entries_add(f, cap, &e) < 0) {
-			free(e.key);
-			free(e.text);
+		if (add_entry(f, cap, kl, path, v, name_len, rel) < 0)
 			return -1;
-		}
 	}
 	return 0;
 }
@@ -405,7 +450,7 @@ int config_file_read(const char *path, struct config_file *out, struct config_er
 		                  path);
 		goto out;
 	}
-	if (scan_key_lines(text, &kl) < 0 || flatten(root, "", &kl, &f, &cap) < 0) {
+	if (scan_key_lines(text, &kl) < 0 || flatten(root, "", 0, 0, &kl, &f, &cap) < 0) {
 		config_errors_add(errs,
 		                  "%s: could not read config file: out of memory or too "
 		                  "many keys",
