@@ -490,19 +490,36 @@ int command_leave_cursor(const struct config *cfg, int argc, char **argv)
 	return 0;
 }
 
+/* One snapshot's keys for `config show`: value and where it came from. A named source leaves
+ * out the process-wide keys, which only the top level has. */
+static void show_keys(const struct config *cfg, bool named)
+{
+	for (size_t i = 0; i < config_key_count(); i++) {
+		char val[1024];
+
+		if (named && config_key_process_wide(i))
+			continue;
+		config_value_text(cfg, i, val, sizeof(val));
+		printf("%-28s %-40s %s\n", config_key_name(i), val,
+		       cfg->sources ? cfg->sources[i] : "");
+	}
+}
+
 int command_config(const struct config *cfg, int argc, char **argv)
 {
 	if (argc == 1 && strcmp(argv[0], "check") == 0) {
-		puts("configuration ok");
+		if (cfg->n_named > 0)
+			printf("configuration ok: %zu source%s\n", cfg->n_named,
+			       cfg->n_named == 1 ? "" : "s");
+		else
+			puts("configuration ok");
 		return 0;
 	}
 	if (argc == 1 && strcmp(argv[0], "show") == 0) {
-		for (size_t i = 0; i < config_key_count(); i++) {
-			char val[1024];
-
-			config_value_text(cfg, i, val, sizeof(val));
-			printf("%-28s %-40s %s\n", config_key_name(i), val,
-			       cfg->sources ? cfg->sources[i] : "");
+		show_keys(cfg, false);
+		for (size_t s = 0; s < cfg->n_named; s++) {
+			printf("\n[sources.%s]\n", cfg->named[s]->source_name);
+			show_keys(cfg->named[s], true);
 		}
 		return 0;
 	}
