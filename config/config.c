@@ -346,14 +346,16 @@ static void check_rules(const struct config_slot *slots, struct config_errors *e
 
 	/* A lease shorter than the confirm wait lets another relay claim rows that are still
 	 * in flight here: every slow confirm would become a duplicate. */
-	if (!lease->failed && !confirm->failed && lease->num <= confirm->num) {
+	if (!lease->failed && !confirm->failed && !(lease->inherited && confirm->inherited) &&
+	    lease->num <= confirm->num) {
 		config_format_duration(confirm->num, v, sizeof(v));
 		config_errors_add(errs,
 		                  "relay.lease: got \"%s\" (%s); allowed: more than "
 		                  "amqp.confirm_timeout, which is %s (%s)",
 		                  lease->text, lease->source, v, confirm->source);
 	}
-	if (!bmin->failed && !bmax->failed && bmin->num > bmax->num) {
+	if (!bmin->failed && !bmax->failed && !(bmin->inherited && bmax->inherited) &&
+	    bmin->num > bmax->num) {
 		config_format_duration(bmax->num, v, sizeof(v));
 		config_errors_add(errs,
 		                  "relay.retry_backoff_min: got \"%s\" (%s); allowed: at "
@@ -370,7 +372,8 @@ static void check_amqp_url(const struct config_sources *src, const struct config
 	size_t i = config_key_by_field(offsetof(struct config, amqp_url));
 	char why[256] = "", got[160];
 
-	if (!src->check_amqp_url || i >= config_key_count() || slots[i].failed || !slots[i].text)
+	if (!src->check_amqp_url || i >= config_key_count() || slots[i].failed || !slots[i].text ||
+	    slots[i].inherited)
 		return;
 	if (src->check_amqp_url(slots[i].text, why, sizeof(why)) == 0)
 		return;
@@ -379,7 +382,14 @@ static void check_amqp_url(const struct config_sources *src, const struct config
 	                  why[0] ? why : "the AMQP client cannot read it");
 }
 
-static struct config *build(struct config_slot *slots)
+void config_slots_check(const struct config_sources *src, const struct config_slot *slots,
+                        struct config_errors *errs)
+{
+	check_rules(slots, errs);
+	check_amqp_url(src, slots, errs);
+}
+
+struct config *config_slots_build(struct config_slot *slots, const char *name)
 {
 	size_t nkeys = config_key_count();
 	struct config *c = calloc(1, sizeof(*c));
@@ -387,7 +397,7 @@ static struct config *build(struct config_slot *slots)
 	if (!c)
 		return NULL;
 	c->sources = calloc(nkeys, sizeof(*c->sources));
-	c->source_name = strdup("");
+	c->source_name = strdup(name);
 	if (!c->sources || !c->source_name) {
 		free(c->sources);
 		free(c->source_name);
@@ -422,48 +432,64 @@ static struct config *build(struct config_slot *slots)
 	return c;
 }
 
+/* The config file's path: --config, else OUTBOX_CONFIG; NULL when neither is given. */
+static const char *file_path(const struct config_sources *src)
+{
+	for (size_t e = 0; !src->file && src->environ && src->environ[e]; e++) {
+		if (strncmp(src->environ[e], "OUTBOX_CONFIG=", 14) == 0)
+			return src->environ[e] + 14;
+	}
+	return src->file;
+}
+
 struct config *config_load(const struct config_sources *src, struct config_errors *errs)
 {
 	size_t nkeys = config_key_count();
 	struct config *c = NULL;
 	struct config_slot *slots;
-	const char *file = NULL;
+	struct config_named *named = config_named_new();
+	struct config_file f = { NULL, 0 };
+	bool have_file = false;
+	const char *file = file_path(src);
 
 	errs->lines = NULL;
 	errs->n = 0;
 	slots = calloc(nkeys, sizeof(*slots));
-	if (!slots) {
+	if (!slots || !named) {
 		config_errors_add(errs, "config: out of memory");
-		return NULL;
+		goto out;
 	}
 	if (config_slots_defaults(slots, errs) < 0)
 		goto out;
-	file = src->file;
-	for (size_t e = 0; !file && src->environ && src->environ[e]; e++) {
-		if (strncmp(src->environ[e], "OUTBOX_CONFIG=", 14) == 0)
-			file = src->environ[e] + 14;
-	}
 	if (src->file && !*src->file)
 		config_errors_add(errs, "--config: got an empty path; allowed: a JSON file");
-	else if (file && *file)
-		config_slots_file(file, slots, errs);
+	else if (file && *file && config_file_read(file, &f, errs) == 0)
+		have_file = true;
+	if (have_file)
+		config_slots_file(file, &f, slots, errs);
 	config_slots_env(src->environ, slots, errs);
 	config_slots_sets(src, slots, errs);
-	check_rules(slots, errs);
-	check_amqp_url(src, slots, errs);
+	config_slots_check(src, slots, errs);
+	/* The named sources come after the top level: they inherit its effective values. */
+	config_named_read(named, file, have_file ? &f : NULL, src, errs);
+	config_named_check(named, slots, src, errs);
 	if (errs->n > 0)
 		goto out;
-	c = build(slots);
-	if (!c) {
-		config_errors_add(errs, "config: out of memory");
-		goto out;
+	c = config_slots_build(slots, "");
+	if (c && config_named_build(named, c) < 0) {
+		config_free(c);
+		c = NULL;
 	}
+	if (!c)
+		config_errors_add(errs, "config: out of memory");
 out:
-	for (size_t i = 0; i < nkeys; i++) {
+	for (size_t i = 0; slots && i < nkeys; i++) {
 		free(slots[i].text);
 		free(slots[i].source);
 	}
 	free(slots);
+	config_file_clear(&f);
+	config_named_free(named);
 	return c;
 }
 

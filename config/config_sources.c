@@ -8,13 +8,14 @@
 
 #include "config/config_slots.h"
 
-#define SECRET_FILE_MAX (64 * 1024)
-#define ENV_PREFIX      "OUTBOX_"
+#define SECRET_FILE_MAX    (64 * 1024)
+#define ENV_PREFIX         "OUTBOX_"
+#define ENV_SOURCES_PREFIX "OUTBOX_SOURCES_"
 
 /* A name (of a key, variable or section) as it goes into an error line: as given when it has
  * the shape of a name, else not at all. Names come from the file, the environment and --set,
  * where a misplaced value ({"postgresql://u:secret@h/db": 1}) would otherwise be echoed. */
-static bool safe_name(const char *name, size_t len, char *buf, size_t n)
+bool config_safe_name(const char *name, size_t len, char *buf, size_t n)
 {
 	bool plain = len > 0 && len <= 100;
 
@@ -55,7 +56,7 @@ int config_slots_defaults(struct config_slot *slots, struct config_errors *errs)
 	return 0;
 }
 
-static const char *json_kind_text(enum config_json_kind kind)
+const char *config_json_kind_text(enum config_json_kind kind)
 {
 	switch (kind) {
 	case CONFIG_JSON_STRING:
@@ -75,55 +76,60 @@ static const char *json_kind_text(enum config_json_kind kind)
 	}
 }
 
-void config_slots_file(const char *path, struct config_slot *slots, struct config_errors *errs)
+void config_slot_from_file(const char *path, const struct config_file *f, size_t i, const char *key,
+                           struct config_slot *slots, struct config_errors *errs)
 {
-	struct config_file f = { NULL, 0 };
+	const struct config_file_entry *e = &f->v[i];
+	int idx = config_key_index(key);
+	char source[512];
+	struct config_given g;
 
-	if (config_file_read(path, &f, errs) < 0)
+	snprintf(source, sizeof(source), "file %s:%d", path, e->line);
+	if (idx < 0 && config_key_is_section(key)) {
+		/* Not the value: {"database": "postgresql://u:secret@h/db"} is a URL put where
+		 * the section goes. */
+		config_errors_add(errs, "%s: got %s (%s); allowed: an object holding %s.* keys",
+		                  key, config_json_kind_text(e->kind), source, key);
 		return;
-	for (size_t i = 0; i < f.n; i++) {
-		const struct config_file_entry *e = &f.v[i];
-		int idx = config_key_index(e->key);
-		char source[512];
-		struct config_given g;
-
-		snprintf(source, sizeof(source), "file %s:%d", path, e->line);
-		if (idx < 0 && config_key_is_section(e->key)) {
-			/* Not the value: {"database": "postgresql://u:secret@h/db"} is a URL
-			 * put where the section goes. */
-			config_errors_add(errs,
-			                  "%s: got %s (%s); allowed: an object holding %s.* keys",
-			                  e->key, json_kind_text(e->kind), source, e->key);
-			continue;
-		}
-		if (idx < 0) {
-			char name[128];
-
-			safe_name(e->key, strlen(e->key), name, sizeof(name));
-			config_errors_add(errs,
-			                  "%s: unknown key (%s); allowed: a key listed by "
-			                  "`outbox-relay config show`",
-			                  name, source);
-			continue;
-		}
-		for (size_t j = 0; j < i; j++) {
-			/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins
-			 * would be an accident of iteration order. */
-			if (strcmp(f.v[j].key, e->key) == 0) {
-				config_errors_add(errs,
-				                  "%s: given twice (%s and line %d); "
-				                  "allowed: one value per key",
-				                  e->key, source, f.v[j].line);
-				slots[idx].failed = true;
-				break;
-			}
-		}
-		if (slots[idx].failed)
-			continue;
-		g = (struct config_given){ e->text, e->kind, e->ms, e->ms_ok, source };
-		(void)config_slot_assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
 	}
-	config_file_clear(&f);
+	if (idx < 0) {
+		char name[128];
+
+		config_safe_name(key, strlen(key), name, sizeof(name));
+		config_errors_add(errs,
+		                  "%s: unknown key (%s); allowed: a key listed by "
+		                  "`outbox-relay config show`",
+		                  name, source);
+		return;
+	}
+	for (size_t j = 0; j < i; j++) {
+		/* {"relay.x": 1, "relay": {"x": 2}} names one key twice; which one wins would be
+		 * an accident of iteration order. */
+		if (strcmp(f->v[j].key, e->key) == 0) {
+			config_errors_add(
+			        errs,
+			        "%s: given twice (%s and line %d); allowed: one value per "
+			        "key",
+			        key, source, f->v[j].line);
+			slots[idx].failed = true;
+			break;
+		}
+	}
+	if (slots[idx].failed)
+		return;
+	g = (struct config_given){ e->text, e->kind, e->ms, e->ms_ok, source };
+	(void)config_slot_assign(&slots[idx], config_key_at((size_t)idx), &g, errs);
+}
+
+void config_slots_file(const char *path, const struct config_file *f, struct config_slot *slots,
+                       struct config_errors *errs)
+{
+	for (size_t i = 0; i < f->n; i++) {
+		/* The "sources" object is the named sources' (config_named.c). */
+		if (f->v[i].name_len > 0 || strcmp(f->v[i].key, "sources") == 0)
+			continue;
+		config_slot_from_file(path, f, i, f->v[i].key, slots, errs);
+	}
 }
 
 /* Reads a Docker-style secret file. The contents never appear in an error. */
@@ -188,7 +194,7 @@ static void report_unknown_env(const char *entry, size_t name_len, struct config
 	}
 	/* A typo such as OUTBOX_RELAY_BATCHSIZE must stop the start, not run silently with
 	 * the default. */
-	safe_name(entry, name_len, name, sizeof(name));
+	config_safe_name(entry, name_len, name, sizeof(name));
 	config_errors_add(errs,
 	                  "%s: unknown configuration variable (env %s); allowed: OUTBOX_<KEY> or "
 	                  "OUTBOX_<KEY>_FILE for a key listed by `outbox-relay config show`, or "
@@ -212,6 +218,9 @@ static void env_collect(const char *const *env, const char **plain, const char *
 		name_len = (size_t)(eq - entry);
 		if (env_name_is(entry, name_len, "OUTBOX_CONFIG", ""))
 			continue; /* the config file, read before */
+		if (env_name_is(entry, name_len, "OUTBOX_SOURCES", "") ||
+		    strncmp(entry, ENV_SOURCES_PREFIX, strlen(ENV_SOURCES_PREFIX)) == 0)
+			continue; /* the named sources' (config_named.c) */
 		if (!env_key(entry, name_len, &idx, &is_file))
 			report_unknown_env(entry, name_len, errs);
 		else if (is_file)
@@ -221,8 +230,8 @@ static void env_collect(const char *const *env, const char **plain, const char *
 	}
 }
 
-/* Key i from OUTBOX_<KEY>_FILE=path: the file's contents are the value. */
-static void env_apply_file(size_t i, const char *path, struct config_slot *slot,
+/* Key i from <env>_FILE=path: the file's contents are the value. */
+static void env_apply_file(size_t i, const char *env, const char *path, struct config_slot *slot,
                            struct config_errors *errs)
 {
 	const struct config_key *k = config_key_at(i);
@@ -231,14 +240,14 @@ static void env_apply_file(size_t i, const char *path, struct config_slot *slot,
 	int err = 0;
 	char *secret = read_secret(path, &err);
 
-	snprintf(source, sizeof(source), "env %s_FILE (%s)", k->env, path);
+	snprintf(source, sizeof(source), "env %s_FILE (%s)", env, path);
 	if (!secret) {
 		const char *why = err == EINVAL ? "not a text file or too large" : strerror(err);
 
 		config_errors_add(errs,
 		                  "%s: could not read %s_FILE \"%s\": %s (env %s_FILE); allowed: a "
 		                  "readable file holding the value",
-		                  k->name, k->env, path, why, k->env);
+		                  k->name, env, path, why, env);
 		slot->failed = true;
 		return;
 	}
@@ -247,9 +256,8 @@ static void env_apply_file(size_t i, const char *path, struct config_slot *slot,
 	free(secret);
 }
 
-/* Key i from its variables: OUTBOX_<KEY>=value (plain) or OUTBOX_<KEY>_FILE=path (file). */
-static void env_apply(size_t i, const char *plain, const char *file, struct config_slot *slot,
-                      struct config_errors *errs)
+void config_slot_from_env(size_t i, const char *env, const char *plain, const char *file,
+                          struct config_slot *slot, struct config_errors *errs)
 {
 	const struct config_key *k = config_key_at(i);
 	char source[512];
@@ -258,13 +266,13 @@ static void env_apply(size_t i, const char *plain, const char *file, struct conf
 	if (plain && file) {
 		config_errors_add(
 		        errs, "%s: both %s and %s_FILE are set (env); allowed: only one of them",
-		        k->name, k->env, k->env);
+		        k->name, env, env);
 		slot->failed = true;
 	} else if (plain) {
-		snprintf(source, sizeof(source), "env %s", k->env);
+		snprintf(source, sizeof(source), "env %s", env);
 		(void)config_slot_assign(slot, k, &g, errs);
 	} else if (file) {
-		env_apply_file(i, file, slot, errs);
+		env_apply_file(i, env, file, slot, errs);
 	}
 }
 
@@ -280,7 +288,7 @@ void config_slots_env(const char *const *env, struct config_slot *slots, struct 
 	}
 	env_collect(env, plain, file, errs);
 	for (size_t i = 0; i < nkeys; i++)
-		env_apply(i, plain[i], file[i], &slots[i], errs);
+		config_slot_from_env(i, config_key_env(i), plain[i], file[i], &slots[i], errs);
 out:
 	free(plain);
 	free(file);
@@ -296,9 +304,11 @@ void config_slots_sets(const struct config_sources *src, struct config_slot *slo
 		struct config_given g = { NULL, CONFIG_JSON_STRING, 0, false, "flag --set" };
 		int idx;
 
+		if (strncmp(set, "sources.", 8) == 0 && eq)
+			continue; /* a named source's (config_named.c) */
 		if (!eq) {
 			/* "--set amqp.url amqp://u:secret@h" lost its '=': show a key, not that. */
-			if (safe_name(set, strlen(set), key, sizeof(key)))
+			if (config_safe_name(set, strlen(set), key, sizeof(key)))
 				config_errors_add(
 				        errs,
 				        "--set \"%s\": missing '=' (flag --set); allowed: "
@@ -312,8 +322,9 @@ void config_slots_sets(const struct config_sources *src, struct config_slot *slo
 				        i + 1);
 			continue;
 		}
-		idx = safe_name(set, (size_t)(eq - set), key, sizeof(key)) ? config_key_index(key)
-		                                                           : -1;
+		idx = config_safe_name(set, (size_t)(eq - set), key, sizeof(key))
+		              ? config_key_index(key)
+		              : -1;
 		if (idx < 0) {
 			config_errors_add(errs,
 			                  "%s: unknown key (flag --set); allowed: a key "
