@@ -104,7 +104,10 @@ struct config_sources {
  * wrong; then errs holds every error (free with config_errors_clear). Unknown keys in the file,
  * unknown OUTBOX_* variables that look like keys, wrong types, out-of-range values and
  * cross-key rules (relay.lease > amqp.confirm_timeout, backoff min <= max, valid table
- * identifier) are all errors. OUTBOX_CONFIG, OUTBOX_CONFIG_FILE are not keys. */
+ * identifier) are all errors. OUTBOX_CONFIG, OUTBOX_CONFIG_FILE are not keys. Named sources
+ * (the file's "sources", OUTBOX_SOURCES and OUTBOX_SOURCES_<NAME>_<KEY>[_FILE], --set
+ * sources.NAME.KEY=value) fill named; each is checked like the top level, its error lines
+ * starting "sources.NAME.". */
 struct config *config_load(const struct config_sources *src, struct config_errors *errs)
         __attribute__((warn_unused_result));
 void config_free(struct config *c); /* accepts NULL */
