@@ -628,30 +628,25 @@ Test(config_sources, one_database_two_tables_is_fine)
 	cr_assert_str_eq(source_named("billing")->database_channel, "billing");
 }
 
-/* The line of `config show` that starts with key, within the part after heading ("" for the
- * top level, which ends at the first heading). */
+/* Whether `config show` has a line for key ending in tail, in the part after heading ("" for
+ * the top level), which ends at the next heading. */
 static bool show_has(const char *out, const char *heading, const char *key, const char *tail)
 {
-	const char *p = out;
+	const char *line = *heading ? strstr(out, heading) : out;
 	const char *end;
 
-	if (*heading) {
-		p = strstr(out, heading);
-		if (!p)
-			return false;
-		p += strlen(heading);
-	}
-	end = strstr(p, "\n[sources.");
-	if (end == p)
-		end = strstr(p + 1, "\n[sources.");
-	for (const char *line = p; line && *line && (!end || line < end);
-	     line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+	if (!line)
+		return false;
+	line += strlen(heading);
+	end = strstr(line, "\n[sources.");
+	while (*line && (!end || line < end)) {
 		size_t len = strcspn(line, "\n");
 
 		if (strncmp(line, key, strlen(key)) == 0 && line[strlen(key)] == ' ' &&
 		    len >= strlen(tail) &&
 		    strncmp(line + len - strlen(tail), tail, strlen(tail)) == 0)
 			return true;
+		line += len + (line[len] == '\n');
 	}
 	return false;
 }
