@@ -343,6 +343,8 @@ static void check_rules(const struct config_slot *slots, struct config_errors *e
 
 	if (!lease || !confirm || !bmin || !bmax)
 		return;
+	/* A named source's rule whose keys it all inherits was checked, and reported once, at
+	 * the top level. */
 
 	/* A lease shorter than the confirm wait lets another relay claim rows that are still
 	 * in flight here: every slow confirm would become a duplicate. */
