@@ -1,4 +1,4 @@
-/* The producer library: one INSERT ... ON CONFLICT (id) DO NOTHING on the caller's own
+/* The producer library: one INSERT ... ON CONFLICT DO NOTHING on the caller's own
  * connection, inside the caller's transaction. Links against libpq only; everything that
  * could make the server reject the row is checked first, because a failed statement would
  * abort the caller's whole transaction, and so is what the relay could never publish (JSON
@@ -531,7 +531,10 @@ static int encode_body(const struct outbox_message *m, struct body *b, char *err
 
 /* The one statement outbox_add() sends, with the checked message: OUTBOX_ADDED,
  * OUTBOX_DUPLICATE, or an OUTBOX_ERR_* with errbuf filled in (the caller's transaction is
- * then aborted). */
+ * then aborted). ON CONFLICT names no target: on a partitioned table (docs/design.md) id is
+ * unique in each partition only, and PostgreSQL infers no arbiter for (id) on the parent,
+ * while a conflict without target is checked against the partition's own unique index on id.
+ * On a plain table it is the same test (seq never conflicts: the table draws it). */
 static int insert_row(PGconn *conn, const char *table, const struct outbox_message *m,
                       const char *headers, const struct body *b, char *errbuf, size_t errlen)
 {
@@ -558,7 +561,7 @@ static int insert_row(PGconn *conn, const char *table, const struct outbox_messa
 	         " content_type, headers, properties, ordering_key, available_at)"
 	         " VALUES ($1, $2, $3, $4::text, $5, $6, $7, $8, $9,"
 	         " now() + $10::bigint * interval '1 millisecond')"
-	         " ON CONFLICT (id) DO NOTHING",
+	         " ON CONFLICT DO NOTHING",
 	         table);
 	res = PQexecParams(conn, sql, 10, NULL, values, lengths, formats, 0);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {

@@ -87,7 +87,8 @@ enum outbox_result {
 };
 
 /* Inserts m into table (NULL = "outbox"; a plain or schema-qualified identifier) with
- * INSERT ... ON CONFLICT (id) DO NOTHING on conn. The strings are UTF-8, so conn must not
+ * INSERT ... ON CONFLICT DO NOTHING on conn (a partitioned table deduplicates an id within
+ * its partition only: docs/design.md, "A partitioned table"). The strings are UTF-8, so conn must not
  * convert them: its client_encoding must be UTF8 (or SQL_ASCII, which converts nothing);
  * any other is refused before anything is sent. headers_json and properties_json must be
  * JSON objects the relay can read: valid JSON (UTF-8, no duplicate key in any object,
