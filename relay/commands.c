@@ -17,6 +17,7 @@
 #include "store/store.h"
 #include "store/operator/admin.h"
 #include "store/operator/leave_cursor.h"
+#include "store/operator/partitions.h"
 #include "store/operator/schema.h"
 
 struct store *command_admin_open(const struct config *cfg, struct store_options *o)
@@ -105,20 +106,51 @@ int command_schema(const struct config *cfg, int argc, char **argv)
 	return 0;
 }
 
+/* `migrate [--partitioned [--partition-rows N]]`: 0, or -1 after one line on stderr. */
+static int parse_migrate(int argc, char **argv, bool *partitioned, int64_t *rows)
+{
+	for (int i = 0; i < argc; i++) {
+		char *end = NULL;
+
+		if (strcmp(argv[i], "--partitioned") == 0) {
+			*partitioned = true;
+			continue;
+		}
+		if (strcmp(argv[i], "--partition-rows") != 0) {
+			fprintf(stderr, "outbox-relay: migrate: unknown argument '%s'\n", argv[i]);
+			return -1;
+		}
+		errno = 0;
+		*rows = i + 1 < argc ? strtoll(argv[++i], &end, 10) : 0;
+		if (!end || errno || *end || *rows < STORE_PARTITION_ROWS_MIN ||
+		    *rows > STORE_PARTITION_ROWS_MAX) {
+			fprintf(stderr,
+			        "outbox-relay: migrate: --partition-rows needs a number from %d to "
+			        "%lld\n",
+			        STORE_PARTITION_ROWS_MIN, STORE_PARTITION_ROWS_MAX);
+			return -1;
+		}
+	}
+	if (*rows && !*partitioned) {
+		fputs("outbox-relay: migrate: --partition-rows goes with --partitioned\n", stderr);
+		return -1;
+	}
+	return 0;
+}
+
 int command_migrate(const struct config *cfg, int argc, char **argv)
 {
 	struct store_options o;
 	struct store *s;
+	bool partitioned = false;
+	int64_t rows = 0;
 
-	(void)argv;
-	if (argc > 0) {
-		fputs("outbox-relay: migrate takes no arguments\n", stderr);
+	if (parse_migrate(argc, argv, &partitioned, &rows) < 0)
 		return 2;
-	}
 	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
-	if (store_migrate(s) < 0)
+	if ((partitioned ? store_migrate_partitioned(s, rows) : store_migrate(s)) < 0)
 		return command_store_failed(s, "migrate");
 	printf("table %s is up to date\n", cfg->database_table);
 	if (store_notice(s)[0])
@@ -157,6 +189,13 @@ int command_status(const struct config *cfg, int argc, char **argv)
 		        st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
 		        "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
 
+		if (j && st.partitions.partitioned)
+			json_object_set_new(
+			        j, "partitions",
+			        json_pack("{s:I,s:I,s:I}", "partitions",
+			                  (json_int_t)st.partitions.partitions, "default_rows",
+			                  (json_int_t)st.partitions.default_rows, "held_by_dead",
+			                  (json_int_t)st.partitions.dead_partitions));
 		if (j) {
 			json_dumpf(j, stdout, JSON_INDENT(2));
 			fputc('\n', stdout);
@@ -172,6 +211,12 @@ int command_status(const struct config *cfg, int argc, char **argv)
 		printf("blocked keys         %" PRId64 "%s%s%s\n", st.blocked_keys,
 		       st.oldest_blocked_key[0] ? " (oldest: '" : "", st.oldest_blocked_key,
 		       st.oldest_blocked_key[0] ? "')" : "");
+		if (st.partitions.partitioned) {
+			printf("partitions           %" PRId64 " (%" PRId64 " held by dead rows)\n",
+			       st.partitions.partitions, st.partitions.dead_partitions);
+			printf("default partition    %" PRId64 " rows\n",
+			       st.partitions.default_rows);
+		}
 	}
 	store_free(s);
 	return 0;

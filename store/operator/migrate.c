@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "store/store.h"
+#include "store/operator/partitions.h"
 #include "store/operator/schema.h"
 #include "store/operator/schema_private.h"
 #include "store/store_private.h"
@@ -19,6 +20,9 @@ enum state { MISSING = 0, CURRENT, DIFFERENT };
 
 struct found {
 	bool table;                   /* the table exists */
+	bool partitioned;             /* ... and is partitioned */
+	int part_fns;                 /* how many of the partitions' functions exist */
+	int64_t part_rows;            /* seqs a partition, as the existing function has it */
 	char schema[STORE_NAME_MAX];  /* where it is (or will be created), as in the catalog */
 	char qschema[STORE_NAME_MAX]; /* the same, quoted for SQL text */
 	bool fillfactor;              /* its storage parameters are current */
@@ -45,6 +49,9 @@ struct plan {
 	struct change c[MAX_CHANGES];
 	size_t n;
 	bool failed;
+	/* What was asked for: a new table partitioned, rows seqs a partition (0 = as it is). */
+	bool partitioned;
+	int64_t rows;
 };
 
 static void plan_add(struct plan *pl, const char *what, const struct schema_sbuf *b)
@@ -117,6 +124,7 @@ static int locate_table(struct store *s, const struct schema_names *nm, struct f
 		goto out;
 	}
 	f->table = PQgetvalue(res, 0, 2)[0] != '\0';
+	f->partitioned = PQgetvalue(res, 0, 2)[0] == 'p';
 	if (f->table && strchr("rp", PQgetvalue(res, 0, 2)[0]) == NULL) {
 		store_set_error(s, "'%s' is not a table", nm->t);
 		rc = STORE_ERR_FATAL;
@@ -204,6 +212,11 @@ static int note_fact(struct store *s, const struct schema_names *nm, struct foun
 	case 'p':
 		f->position = true;
 		break;
+	case 'x':
+		f->part_fns++;
+		if (a[0] && store_parse_int64(a, &f->part_rows) != 0)
+			f->part_rows = 0;
+		break;
 	case 'g':
 		f->trigger = strcmp(a, "true") == 0 && strcmp(b, "true") == 0 ? CURRENT : DIFFERENT;
 		break;
@@ -257,7 +270,11 @@ static int read_objects(struct store *s, const struct schema_names *nm, struct f
 	        " WHERE tg.tgname = $2 || '_wakeup'"
 	        " UNION ALL SELECT 'p', c.relname::text, NULL, NULL FROM pg_class c"
 	        " JOIN ns ON c.relnamespace = ns.oid"
-	        " WHERE c.relname = $2 || '" SCHEMA_POSITION_SUFFIX "' AND c.relkind IN ('r', 'p')",
+	        " WHERE c.relname = $2 || '" SCHEMA_POSITION_SUFFIX "' AND c.relkind IN ('r', 'p')"
+	        " UNION ALL SELECT 'x', p.proname::text,"
+	        " COALESCE(substring(p.prosrc FROM 'step bigint := (\\d+);'), ''), NULL"
+	        " FROM pg_proc p JOIN ns ON p.pronamespace = ns.oid WHERE p.proname IN"
+	        " ($2 || '_part_ahead', $2 || '_part_retire', $2 || '_part_status')",
 	        2, pb, PGRES_TUPLES_OK, &res, "could not read the catalog");
 	for (int r = 0; rc == 0 && r < PQntuples(res); r++)
 		rc = note_fact(s, nm, f, res, r);
@@ -284,7 +301,10 @@ static void plan_new_table(const char *tq, const char *base, struct plan *pl)
 {
 	struct schema_sbuf b = { 0 };
 
-	schema_add_create_table(&b, "", tq);
+	if (pl->partitioned)
+		partitions_add_create_table(&b, tq);
+	else
+		schema_add_create_table(&b, "", tq);
 	plan_add(pl, "create the table", &b);
 	for (size_t i = 0; i < SCHEMA_N_INDEXES; i++) {
 		memset(&b, 0, sizeof(b));
@@ -349,6 +369,43 @@ refused:
 	return STORE_ERR_FATAL;
 }
 
+/* A partitioned table's own objects: its DEFAULT partition (a new table), the functions (when
+ * missing, or when a new size of partitions was asked for), and the partitions ahead. A plain
+ * table is not converted: refused before anything is changed. */
+static int plan_partitions(struct store *s, const struct schema_names *nm, const struct found *f,
+                           const char *tq, struct plan *pl)
+{
+	int64_t rows = pl->rows       ? pl->rows
+	               : f->part_rows ? f->part_rows
+	                              : STORE_PARTITION_ROWS_DEFAULT;
+	bool part = f->table ? f->partitioned : pl->partitioned;
+	struct schema_sbuf b = { 0 };
+
+	if (!part)
+		return 0;
+	if (strchr(tq, '\'') != NULL) {
+		store_set_error(s,
+		                "table '%s': a schema whose name holds a quote is not supported "
+		                "for a partitioned table; nothing was changed",
+		                nm->t);
+		return STORE_ERR_FATAL;
+	}
+	if (!f->table) {
+		partitions_add_default(&b, f->qschema, nm->base, tq);
+		plan_add(pl, "create the default partition", &b);
+	}
+	if (f->part_fns == 3 && (pl->rows == 0 || pl->rows == f->part_rows))
+		return 0;
+	memset(&b, 0, sizeof(b));
+	partitions_add_functions(&b, f->qschema, nm->base, tq, (long long)rows);
+	plan_add(pl, "create the partitions' functions", &b);
+	memset(&b, 0, sizeof(b));
+	/* ATTACH takes SHARE UPDATE EXCLUSIVE: producers do not wait for it. */
+	schema_sbuf_add(&b, "SELECT %s.%s_part_ahead()", f->qschema, nm->base);
+	plan_add(pl, "create the partitions ahead", &b);
+	return 0;
+}
+
 /* The changes that need a transaction: everything but building indexes on an existing table.
  * Columns the table must have but cannot be given, and columns of the wrong type, are refused
  * before anything is changed. */
@@ -358,9 +415,18 @@ static int plan_changes(struct store *s, const struct schema_names *nm, const st
 	char tq[2 * STORE_NAME_MAX]; /* the table, schema-qualified */
 	const char *ch = s->opts.channel ? s->opts.channel : "";
 	struct schema_sbuf b = { 0 };
-	int rc;
+	int rc = 0;
 
 	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
+	if (f->table && !f->partitioned && pl->partitioned) {
+		store_set_error(
+		        s,
+		        "table '%s' exists and is not partitioned; migrate --partitioned "
+		        "creates a new table only (docs/operations.md, \"Partitioning\", says "
+		        "how to convert one); nothing was changed",
+		        nm->t);
+		return STORE_ERR_FATAL;
+	}
 	if (!f->table) {
 		plan_new_table(tq, nm->base, pl);
 	} else {
@@ -374,7 +440,7 @@ static int plan_changes(struct store *s, const struct schema_names *nm, const st
 			schema_sbuf_add(&b, "ALTER SEQUENCE %s CACHE 1", f->seq);
 			plan_add(pl, "set the seq sequence's CACHE to 1", &b);
 		}
-		if (!f->fillfactor) {
+		if (!f->fillfactor && !f->partitioned) {
 			/* SHARE UPDATE EXCLUSIVE: producers' inserts do not wait for it. */
 			memset(&b, 0, sizeof(b));
 			schema_sbuf_add(
@@ -382,6 +448,8 @@ static int plan_changes(struct store *s, const struct schema_names *nm, const st
 			plan_add(pl, "set the table's fillfactor", &b);
 		}
 	}
+	if ((rc = plan_partitions(s, nm, f, tq, pl)) != 0)
+		return rc;
 	if (!f->position) {
 		/* A new table: no lock on the outbox table, seen by nobody before COMMIT. */
 		memset(&b, 0, sizeof(b));
@@ -525,6 +593,9 @@ static int build_indexes(struct store *s, const struct schema_names *nm, const s
 {
 	char sql[1024], what[STORE_NAME_MAX + 64], tq[2 * STORE_NAME_MAX], holders[300];
 	const char *after = changed ? "the other changes were applied" : "nothing else was changed";
+	/* A partitioned table's indexes cannot be built CONCURRENTLY: the build holds producers'
+	 * inserts (docs/operations.md, "Partitioning"). */
+	const char *conc = f->partitioned ? "" : "CONCURRENTLY ";
 	PGresult *res = NULL;
 	int rc = 0;
 
@@ -554,21 +625,21 @@ static int build_indexes(struct store *s, const struct schema_names *nm, const s
 		PQclear(res);
 		res = run(s, "SET lock_timeout = '" INDEX_LOCK_TIMEOUT_S "s'");
 		if (run_ok(res) && drop) {
-			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
+			snprintf(sql, sizeof(sql), "DROP INDEX %sIF EXISTS %s.%s%s", conc,
 			         f->qschema, nm->base,
 			         schema_retired_indexes[i - SCHEMA_N_INDEXES]);
 			PQclear(res);
 			res = run(s, sql);
 		} else if (run_ok(res) && f->index[i] == DIFFERENT) {
-			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s.%s%s",
+			snprintf(sql, sizeof(sql), "DROP INDEX %sIF EXISTS %s.%s%s", conc,
 			         f->qschema, nm->base, schema_indexes[i].suffix);
 			PQclear(res);
 			res = run(s, sql);
 		}
 		if (run_ok(res) && !drop) {
-			snprintf(sql, sizeof(sql),
-			         "CREATE INDEX CONCURRENTLY IF NOT EXISTS %s%s ON %s %s", nm->base,
-			         schema_indexes[i].suffix, tq, schema_indexes[i].def);
+			snprintf(sql, sizeof(sql), "CREATE INDEX %sIF NOT EXISTS %s%s ON %s %s",
+			         conc, nm->base, schema_indexes[i].suffix, tq,
+			         schema_indexes[i].def);
 			PQclear(res);
 			res = run(s, sql);
 		}
@@ -591,11 +662,11 @@ static int build_indexes(struct store *s, const struct schema_names *nm, const s
  * name, and the second must see what the first did). A transaction lock, not a session lock:
  * through a transaction-pooling proxy a session lock would stay behind on a server connection
  * and hold every later migrate. Index builds come after, outside any transaction. */
-int store_migrate(struct store *s)
+static int migrate(struct store *s, bool partitioned, int64_t rows)
 {
 	char key[STORE_NAME_MAX + 32];
 	const char *params[1] = { key };
-	struct plan pl = { .n = 0 };
+	struct plan pl = { .n = 0, .partitioned = partitioned, .rows = rows };
 	struct schema_names nm;
 	struct found f;
 	PGresult *res = NULL;
@@ -637,6 +708,23 @@ out:
 	PQclear(res);
 	plan_free(&pl);
 	return rc;
+}
+
+int store_migrate(struct store *s)
+{
+	return migrate(s, false, 0);
+}
+
+int store_migrate_partitioned(struct store *s, int64_t partition_rows)
+{
+	if (partition_rows != 0 && (partition_rows < STORE_PARTITION_ROWS_MIN ||
+	                            partition_rows > STORE_PARTITION_ROWS_MAX)) {
+		store_set_error(s, "partition rows %lld out of range (%d to %lld)",
+		                (long long)partition_rows, STORE_PARTITION_ROWS_MIN,
+		                STORE_PARTITION_ROWS_MAX);
+		return STORE_ERR_FATAL;
+	}
+	return migrate(s, true, partition_rows);
 }
 
 /* The ordering watermark (store/source/watermark.h) takes pg_sequence_last_value() as the highest seq

@@ -89,4 +89,15 @@ void schema_add_create_table(struct schema_sbuf *b, const char *if_not_exists, c
 void schema_add_create_position(struct schema_sbuf *b, const char *if_not_exists,
                                 const char *table);
 
+/* The partitioned table (partitions.c): CREATE TABLE of the parent (no IF NOT EXISTS), its
+ * DEFAULT partition, and the functions that keep partitions ahead (rows seqs each), retire
+ * done ones and count what status shows, owned by the table's owner and executable by the
+ * roles that may delete from it. qschema is quoted, tq = qschema.base; neither may hold a
+ * single quote. */
+void partitions_add_create_table(struct schema_sbuf *b, const char *table);
+void partitions_add_default(struct schema_sbuf *b, const char *qschema, const char *base,
+                            const char *tq);
+void partitions_add_functions(struct schema_sbuf *b, const char *qschema, const char *base,
+                              const char *tq, long long rows);
+
 #endif
