@@ -88,6 +88,14 @@ const char *store_server(const struct store *s);
 int store_socket(const struct store *s);
 
 /* The table as the backlog gauges see it (store/operator/admin.h: store_status()). */
+/* What status shows of a partitioned table (store/operator/partitions.h). */
+struct store_partitions {
+	bool partitioned;
+	int64_t partitions;      /* range partitions, the DEFAULT one not counted */
+	int64_t default_rows;    /* rows in the DEFAULT partition */
+	int64_t dead_partitions; /* partitions that dead rows keep from being retired */
+};
+
 struct store_status {
 	int64_t pending; /* published_at IS NULL AND attempts < max (leased included) */
 	int64_t leased;
@@ -98,6 +106,7 @@ struct store_status {
 	int64_t blocked_keys;         /* keys whose head row is failed-in-backoff or dead */
 	char oldest_blocked_key[256]; /* "" when none */
 	double oldest_blocked_age_s;
+	struct store_partitions partitions; /* all zero on a plain table */
 };
 
 #endif

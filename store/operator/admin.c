@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "store/store.h"
+#include "store/operator/partitions.h"
 #include "store/operator/admin.h"
 #include "store/operator/admin_private.h"
 #include "store/store_private.h"
@@ -66,22 +67,26 @@ int admin_status_sql(struct store *s, const char *cte, const char *rows, char *s
 	return store_format_sql(
 	        s, sql, cap,
 	        "WITH RECURSIVE %s SELECT u.pending, u.leased, u.dead,"
-	        " GREATEST(0, (SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
-	        " THEN pg_stat_get_live_tuples(c.oid) ELSE GREATEST(c.reltuples, 0)::bigint END"
-	        " FROM pg_class c WHERE c.oid = '%s'::regclass) - u.pending - u.dead),"
+	        " GREATEST(0, (SELECT sum(CASE WHEN pg_stat_get_live_tuples(c.oid) > 0"
+	        " THEN pg_stat_get_live_tuples(c.oid) ELSE GREATEST(c.reltuples, 0)::bigint END)"
+	        " FROM pg_class c WHERE c.oid IN (SELECT '%s'::regclass UNION ALL SELECT relid"
+	        " FROM pg_partition_tree('%s'::regclass) WHERE isleaf)) - u.pending - u.dead),"
 	        " u.oldest,"
 	        " (SELECT count(*) FROM blocked),"
 	        " (SELECT ordering_key FROM blocked ORDER BY seq LIMIT 1),"
 	        " (SELECT extract(epoch FROM now() - created_at)::float8 FROM blocked"
 	        "  ORDER BY seq LIMIT 1),"
-	        " pg_relation_size('%s'::regclass) / current_setting('block_size')::bigint"
+	        " (SELECT sum(pg_relation_size(relid)) FROM (SELECT '%s'::regclass AS relid"
+	        " UNION ALL SELECT relid FROM pg_partition_tree('%s'::regclass) WHERE isleaf) "
+	        "t)::bigint"
+	        " / current_setting('block_size')::bigint"
 	        " FROM (SELECT count(*) FILTER (WHERE attempts < $1::int) AS pending,"
 	        " count(*) FILTER (WHERE attempts < $1::int AND leased) AS leased,"
 	        " count(*) FILTER (WHERE attempts >= $1::int) AS dead,"
 	        " COALESCE(extract(epoch FROM now() - min(created_at)"
 	        " FILTER (WHERE attempts < $1::int)), 0)::float8 AS oldest"
 	        " FROM (%s) x) u",
-	        cte, s->table, s->table, rows);
+	        cte, s->table, s->table, s->table, s->table, rows);
 }
 
 static int status_sql(struct store *s, char *sql, size_t cap)
@@ -175,6 +180,8 @@ int store_status(struct store *s, struct store_status *st)
 	if (rc != 0 || (rc = parse_status(s, res, &r, &pages)) != 0)
 		goto out;
 	if (pages <= COUNT_PUBLISHED_MAX_PAGES && (rc = count_published(s, &m, &r.published)) != 0)
+		goto out;
+	if ((rc = store_partitions_info(s, m.cursor, &r.partitions)) != 0)
 		goto out;
 	*st = r;
 	rc = 0;
@@ -637,12 +644,17 @@ int store_purge(struct store *s, int64_t older_than_ms, int batch, const atomic_
 	struct store_table_mode m;
 	const char *params[3] = { age, lim, m.p };
 	int64_t total = 0;
+	bool part = false;
 	int rc;
 
 	snprintf(age, sizeof(age), "%lld", (long long)(older_than_ms > 0 ? older_than_ms : 0));
 	snprintf(lim, sizeof(lim), "%d", batch > 0 ? batch : 1000);
-	if ((rc = store_table_mode(s, &m)) != 0)
+	if ((rc = store_table_mode(s, &m)) != 0 || (rc = store_partitioned(s, &part)) != 0)
 		return rc;
+	/* A partitioned table loses whole partitions, never rows one by one. */
+	if (part)
+		return store_partitions_retire(s, older_than_ms, m.cursor, m.pos, n_deleted,
+		                               &total);
 	if (m.cursor &&
 	    (rc = admin_cursor_purge(s, m.pos, older_than_ms, batch, stop, &total)) != 0)
 		return rc;

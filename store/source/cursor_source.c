@@ -19,6 +19,7 @@
 #include "store/source/cursor_source_private.h"
 #include "store/source/source_private.h"
 #include "store/store.h"
+#include "store/operator/partitions.h"
 
 /* A relay that does not lead tries for the lead this often (at most relay.poll_interval): the
  * longest a table goes unpublished after its leader's session ends, beyond the server noticing. */
@@ -414,6 +415,11 @@ int cursor_input(struct cursor *c, bool *woken)
 int cursor_backlog(struct cursor *c, struct store_status *st)
 {
 	return store_status(c->store, st);
+}
+
+int cursor_partitions_ahead(struct cursor *c, int *made)
+{
+	return store_partitions_ahead(c->store, made);
 }
 
 int cursor_purge(struct cursor *c, int64_t older_than_ms, int batch, const atomic_int *stop,

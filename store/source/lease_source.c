@@ -12,6 +12,7 @@
 #include "store/source/lease_source.h"
 #include "store/source/lease_source_private.h"
 #include "store/store.h"
+#include "store/operator/partitions.h"
 #include "store/source/lease.h"
 #include "store/operator/admin.h"
 #include "store/source/source.h"
@@ -620,6 +621,11 @@ int lease_input(struct lease *s, bool *woken)
 int lease_backlog(struct lease *s, struct store_status *st)
 {
 	return store_status(s->store, st);
+}
+
+int lease_partitions_ahead(struct lease *s, int *made)
+{
+	return store_partitions_ahead(s->store, made);
 }
 
 int lease_purge(struct lease *s, int64_t older_than_ms, int batch, const atomic_int *stop,

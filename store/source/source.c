@@ -160,6 +160,13 @@ int source_purge(struct source *s, int64_t older_than_ms, int batch, const atomi
 	return lease_purge(LEASE(s), older_than_ms, batch, stop, n_removed);
 }
 
+int source_partitions_ahead(struct source *s, int *made)
+{
+	if (s->kind == SOURCE_CURSOR)
+		return cursor_partitions_ahead(CURSOR(s), made);
+	return lease_partitions_ahead(LEASE(s), made);
+}
+
 const char *source_step_text(enum source_step step)
 {
 	switch (step) {

@@ -199,8 +199,12 @@ size_t source_owed(const struct source *s);
 
 /* The backlog as the source sees it (store_status()). */
 int source_backlog(struct source *s, struct store_status *st) __attribute__((warn_unused_result));
+/* On a partitioned table, creates the partitions that keep two empty ones above the
+ * sequence (store_partitions_ahead()); *made gets how many. Nothing on a plain table. */
+int source_partitions_ahead(struct source *s, int *made) __attribute__((warn_unused_result));
 /* Retention: removes published rows older than older_than_ms, a bounded step (batch rows) at
- * a time, until none are left or *stop becomes true (may be NULL); *n_removed gets how many. */
+ * a time, until none are left or *stop becomes true (may be NULL); *n_removed gets how many.
+ * On a partitioned table: drops whole partitions (store_purge()). */
 int source_purge(struct source *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                  int64_t *n_removed) __attribute__((warn_unused_result));
 

@@ -39,6 +39,7 @@ int lease_pause(struct lease *s);
 int lease_finish(struct lease *s);
 size_t lease_owed(const struct lease *s);
 int lease_backlog(struct lease *s, struct store_status *st);
+int lease_partitions_ahead(struct lease *s, int *made);
 int lease_purge(struct lease *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                 int64_t *n_removed);
 
@@ -63,6 +64,7 @@ int cursor_pause(struct cursor *s);
 int cursor_finish(struct cursor *s);
 size_t cursor_owed(const struct cursor *s);
 int cursor_backlog(struct cursor *s, struct store_status *st);
+int cursor_partitions_ahead(struct cursor *s, int *made);
 int cursor_purge(struct cursor *s, int64_t older_than_ms, int batch, const atomic_int *stop,
                  int64_t *n_removed);
 
