@@ -36,8 +36,19 @@ SELECT format('GRANT SELECT, INSERT, UPDATE ON TABLE %s TO %I',
 SELECT format('GRANT SELECT ON SEQUENCE %s TO %I',
               pg_get_serial_sequence(:'table', 'seq')::regclass, :'relay') \gexec
 
--- Producers: INSERT ... ON CONFLICT (id) DO NOTHING (outbox_add, `outbox-relay enqueue`).
--- The conflict target is read, so the id column needs SELECT; no other column does. The seq
+-- A partitioned table (migrate --partitioned): the relay's maintenance creates partitions
+-- ahead and retires done ones, and status counts them, through functions that run as the
+-- table's owner (EXECUTE is not PUBLIC's). Nothing on a plain table.
+SELECT format('GRANT EXECUTE ON FUNCTION %s TO %I', p.oid::regprocedure, :'relay')
+  FROM pg_proc p JOIN pg_class c ON c.relnamespace = p.pronamespace
+ WHERE c.oid = :'table'::regclass
+   AND p.proname IN (c.relname || '_part_ahead', c.relname || '_part_retire',
+                     c.relname || '_part_status') \gexec
+
+-- Producers: INSERT ... ON CONFLICT DO NOTHING (outbox_add, `outbox-relay enqueue`; a
+-- partitioned table takes no conflict target, a plain one either form).
+-- A conflict target (id), which applications' own SQL may name on a plain table, is read, so
+-- the id column needs SELECT; no other column does. The seq
 -- identity column draws its value without a privilege on the sequence.
 SELECT format('GRANT INSERT, SELECT (id) ON TABLE %s TO %I', :'table'::regclass, :'producer')
 \gexec

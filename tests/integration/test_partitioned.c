@@ -416,3 +416,73 @@ Test(partitioned, operator_commands_work_on_it)
 	cr_assert_null(consumer_find(g_fx.cons, "o-250"));
 	fixture_teardown(&g_fx);
 }
+
+/* Least privilege (packaging/grants.sql): the relay's role runs status and the retention
+ * through the partitions' functions, the producer's role inserts and is deduplicated, and a
+ * role with no grant cannot call the functions (EXECUTE is not PUBLIC's). */
+Test(partitioned, grants_give_the_relay_role_the_functions)
+{
+	char relay[64], producer[64], other[64], env[1200], path[4096];
+	const char *e[] = { env, NULL };
+	const char *data = getenv("RELAY_TEST_DATA");
+	struct harness_output o;
+	PGconn *c;
+	PGresult *res;
+
+	setup("pt_roles", true);
+	harness_unique_name(relay, sizeof(relay), "pt_relay");
+	harness_unique_name(producer, sizeof(producer), "pt_prod");
+	harness_unique_name(other, sizeof(other), "pt_other");
+	fixture_drop_later(&g_fx, "DROP ROLE IF EXISTS %s, %s, %s", relay, producer, other);
+	harness_pg_exec(g_fx.pg, "CREATE ROLE %s LOGIN; CREATE ROLE %s LOGIN; CREATE ROLE %s LOGIN",
+	                relay, producer, other);
+	harness_pg_exec(g_fx.pg, "GRANT SELECT ON %s TO %s", g_fx.table, other);
+	cr_assert_not_null(data);
+	snprintf(path, sizeof(path), "%s/../../packaging/grants.sql", data);
+	cr_assert_eq(harness_shell("psql -X -q -v ON_ERROR_STOP=1 -d '%s' -v table=%s -v relay=%s"
+	                           " -v producer=%s -f '%s'",
+	                           harness_pg_conninfo(), g_fx.table, relay, producer, path),
+	             0);
+	insert_sql("g", 1, 150, 3);
+	harness_pg_exec(g_fx.pg, "UPDATE %s SET published_at = now() - interval '2 hours'",
+	                g_fx.table);
+
+	snprintf(env, sizeof(env), "OUTBOX_DATABASE_URL=%s user=%s", harness_pg_conninfo(), relay);
+	harness_cli(&o, g_fx.table, e, "status", NULL);
+	cr_assert_eq(o.status, 0, "status as the relay role: %s", o.err);
+	cr_assert_not_null(strstr(o.out, "partitions"), "%s", o.out);
+	harness_output_free(&o);
+	harness_cli(&o, g_fx.table, e, "purge", "--older-than", "1h", NULL);
+	cr_assert_eq(o.status, 0, "purge as the relay role: %s", o.err);
+	cr_assert_not_null(strstr(o.out, "purged 100 published rows"), "%s", o.out);
+	harness_output_free(&o);
+
+	snprintf(env, sizeof(env), "OUTBOX_DATABASE_URL=%s user=%s", harness_pg_conninfo(),
+	         producer);
+	for (int i = 0; i < 2; i++) {
+		harness_cli(&o, g_fx.table, e, "enqueue", "--exchange", "ex", "--routing-key", "rk",
+		            "--body", "{}", "--id", "prod-1", NULL);
+		cr_assert_eq(o.status, 0, "enqueue as the producer role: %s", o.err);
+		harness_output_free(&o);
+	}
+	cr_assert_eq(
+	        harness_pg_int(g_fx.pg, "SELECT count(*) FROM %s WHERE id = 'prod-1'", g_fx.table),
+	        1);
+
+	snprintf(env, sizeof(env), "%s user=%s", harness_pg_conninfo(), other);
+	c = PQconnectdb(env);
+	cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+	{
+		char sql[256];
+		const char *state;
+
+		snprintf(sql, sizeof(sql), "SELECT %s_part_ahead()", g_fx.table);
+		res = PQexec(c, sql);
+		state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		cr_expect(state && strcmp(state, "42501") == 0, "a role without grants ran it: %s",
+		          PQresultErrorMessage(res));
+		PQclear(res);
+	}
+	PQfinish(c);
+	fixture_teardown(&g_fx);
+}
