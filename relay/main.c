@@ -19,7 +19,7 @@ static const char usage[] =
         "  run                      relay the outbox to the broker (default)\n"
         "  schema                   print the table's DDL (apply with psql)\n"
         "  migrate                  create or upgrade the table in place\n"
-        "                           [--partitioned [--partition-rows N]]: a new table\n"
+        "                           [--partitioned] [--partition-rows N]: the table\n"
         "                           range-partitioned by seq, N seqs a partition\n"
         "  enqueue                  insert one message: --exchange X --routing-key K\n"
         "                           (--body TEXT | --body-file F) [--header k=v ...]\n"

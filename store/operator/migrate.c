@@ -49,8 +49,9 @@ struct plan {
 	struct change c[MAX_CHANGES];
 	size_t n;
 	bool failed;
-	/* What was asked for: a new table partitioned, rows seqs a partition (0 = as it is). */
-	bool partitioned;
+	/* What was asked for: a new table partitioned, rows seqs a partition (0 = as it is);
+	 * convert: the table is plain and is converted after the other changes. */
+	bool partitioned, convert;
 	int64_t rows;
 };
 
@@ -370,8 +371,8 @@ refused:
 }
 
 /* A partitioned table's own objects: its DEFAULT partition (a new table), the functions (when
- * missing, or when a new size of partitions was asked for), and the partitions ahead. A plain
- * table is not converted: refused before anything is changed. */
+ * missing, or when a new size of partitions was asked for), and the partitions ahead. (A plain
+ * table asked to be partitioned is converted after the other changes: convert().) */
 static int plan_partitions(struct store *s, const struct schema_names *nm, const struct found *f,
                            const char *tq, struct plan *pl)
 {
@@ -397,7 +398,7 @@ static int plan_partitions(struct store *s, const struct schema_names *nm, const
 	if (f->part_fns == 3 && (pl->rows == 0 || pl->rows == f->part_rows))
 		return 0;
 	memset(&b, 0, sizeof(b));
-	partitions_add_functions(&b, f->qschema, nm->base, tq, (long long)rows);
+	partitions_add_functions(&b, f->qschema, nm->lbase, tq, (long long)rows);
 	plan_add(pl, "create the partitions' functions", &b);
 	memset(&b, 0, sizeof(b));
 	/* ATTACH takes SHARE UPDATE EXCLUSIVE: producers do not wait for it. */
@@ -418,15 +419,8 @@ static int plan_changes(struct store *s, const struct schema_names *nm, const st
 	int rc = 0;
 
 	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
-	if (f->table && !f->partitioned && pl->partitioned) {
-		store_set_error(
-		        s,
-		        "table '%s' exists and is not partitioned; migrate --partitioned "
-		        "creates a new table only (docs/operations.md, \"Partitioning\", says "
-		        "how to convert one); nothing was changed",
-		        nm->t);
-		return STORE_ERR_FATAL;
-	}
+	/* A plain table is brought up to date as it is, then converted (store_migrate()). */
+	pl->convert = f->table && !f->partitioned && pl->partitioned;
 	if (!f->table) {
 		plan_new_table(tq, nm->base, pl);
 	} else {
@@ -662,6 +656,37 @@ static int build_indexes(struct store *s, const struct schema_names *nm, const s
  * name, and the second must see what the first did). A transaction lock, not a session lock:
  * through a transaction-pooling proxy a session lock would stay behind on a server connection
  * and hold every later migrate. Index builds come after, outside any transaction. */
+/* The conversion of an up-to-date plain table, then a check that it is what a partitioned
+ * table should be (an ordinary migrate of it, which finds nothing to change). */
+static int migrate(struct store *s, bool partitioned, int64_t rows);
+
+static int convert(struct store *s, const struct schema_names *nm, const struct found *f,
+                   int64_t rows)
+{
+	char tq[2 * STORE_NAME_MAX];
+	int rc;
+
+	snprintf(tq, sizeof(tq), "%s.%s", f->qschema, nm->base);
+	if (strchr(tq, '\'') != NULL) {
+		store_set_error(s,
+		                "table '%s': a schema whose name holds a quote is not supported "
+		                "for a partitioned table; nothing was changed",
+		                nm->t);
+		return STORE_ERR_FATAL;
+	}
+	rc = partitions_convert(s, f->qschema, nm->lbase, nm->base,
+	                        rows ? rows : STORE_PARTITION_ROWS_DEFAULT);
+	if (rc == 0)
+		rc = migrate(s, false, 0);
+	if (rc == 0)
+		snprintf(s->notice, sizeof(s->notice),
+		         "table %s is now partitioned by seq, its rows so far in %s_pmin; restart "
+		         "the table's relays (they read the old sequence and wake-up lock until "
+		         "they reconnect)",
+		         nm->t, nm->base);
+	return rc;
+}
+
 static int migrate(struct store *s, bool partitioned, int64_t rows)
 {
 	char key[STORE_NAME_MAX + 32];
@@ -704,6 +729,8 @@ static int migrate(struct store *s, bool partitioned, int64_t rows)
 		         "connections (or run DISCARD SEQUENCES in them) before relays start",
 		         f.seq, (long long)f.seq_cache);
 	rc = build_indexes(s, &nm, &f, pl.n > 0);
+	if (rc == 0 && pl.convert)
+		rc = convert(s, &nm, &f, rows);
 out:
 	PQclear(res);
 	plan_free(&pl);

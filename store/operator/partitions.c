@@ -251,6 +251,53 @@ void partitions_add_functions(struct schema_sbuf *b, const char *qschema, const 
 	add_template(b, FN_GRANTS, ahead);
 }
 
+/* The swap of a plain table for a partitioned one, in the transaction that holds the table's
+ * ACCESS EXCLUSIVE lock ({N} = the bound its validated CHECK guarantees): the table becomes
+ * the parent's first partition, FROM (MINVALUE) TO ({N}), attached without a scan; its
+ * indexes are renamed so that the parent's indexes, created after, take their names and attach
+ * them instead of building; the parent's identity continues the old sequence; the privileges
+ * on the table, its columns and its sequence are copied, so producers and relays keep theirs. */
+#define CONVERT_SWAP                                                                               \
+	"DO $do$\nDECLARE\n"                                                                       \
+	"  old regclass := '{T}'::regclass;\n"                                                     \
+	"  oseq regclass := pg_get_serial_sequence('{T}', 'seq')::regclass;\n"                     \
+	"  last bigint := COALESCE(pg_sequence_last_value(oseq), 0);\n"                            \
+	"  r record;\n"                                                                            \
+	"BEGIN\n"                                                                                  \
+	"  IF last >= {N} - 1 THEN\n"                                                              \
+	"    RAISE EXCEPTION 'the sequence reached %, the bound of the first partition', {N};\n"   \
+	"  END IF;\n"                                                                              \
+	"  ALTER TABLE {T} RENAME TO {B}_pmin;\n"                                                  \
+	"  FOR r IN SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid\n"    \
+	"           WHERE i.indrelid = old AND c.relname IN ('{B}_unkeyed_idx', '{B}_key_idx',\n"  \
+	"           '{B}_published_idx', '{B}_deferred_idx') LOOP\n"                               \
+	"    EXECUTE format('ALTER INDEX {S}.%I RENAME TO %I', r.relname,\n"                       \
+	"      '{B}_pmin' || substr(r.relname, length('{B}') + 1));\n"                             \
+	"  END LOOP;\n"                                                                            \
+	"  DROP TRIGGER IF EXISTS {B}_wakeup ON {S}.{B}_pmin;\n"                                   \
+	"  CREATE TABLE {T} (LIKE {S}.{B}_pmin INCLUDING DEFAULTS, UNIQUE (seq))\n"                \
+	"    PARTITION BY RANGE (seq);\n"                                                          \
+	"  EXECUTE format('ALTER TABLE {T} ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY'\n"   \
+	"    ' (START WITH %s)', last + 1);\n"                                                     \
+	"  ALTER TABLE {T} ATTACH PARTITION {S}.{B}_pmin FOR VALUES FROM (MINVALUE) TO ({N});\n"   \
+	"  FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a\n"  \
+	"           WHERE c.oid = old AND a.grantee <> c.relowner LOOP\n"                          \
+	"    EXECUTE format('GRANT %s ON {T} TO %s', r.privilege_type, CASE WHEN r.grantee = 0\n"  \
+	"      THEN 'PUBLIC' ELSE r.grantee::regrole::text END);\n"                                \
+	"  END LOOP;\n"                                                                            \
+	"  FOR r IN SELECT t.attname, a.grantee, a.privilege_type FROM pg_attribute t,\n"          \
+	"           aclexplode(t.attacl) a WHERE t.attrelid = old AND t.attacl IS NOT NULL LOOP\n" \
+	"    EXECUTE format('GRANT %s (%I) ON {T} TO %s', r.privilege_type, r.attname,\n"          \
+	"      CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);\n"        \
+	"  END LOOP;\n"                                                                            \
+	"  FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a\n"  \
+	"           WHERE c.oid = oseq AND a.grantee <> c.relowner LOOP\n"                         \
+	"    EXECUTE format('GRANT %s ON SEQUENCE %s TO %s', r.privilege_type,\n"                  \
+	"      pg_get_serial_sequence('{T}', 'seq'), CASE WHEN r.grantee = 0 THEN 'PUBLIC'\n"      \
+	"      ELSE r.grantee::regrole::text END);\n"                                              \
+	"  END LOOP;\n"                                                                            \
+	"END\n$do$"
+
 /* The DEFAULT partition: a producer never fails for want of a partition. */
 void partitions_add_default(struct schema_sbuf *b, const char *qschema, const char *base,
                             const char *tq)
@@ -402,5 +449,125 @@ int store_partitions_info(struct store *s, bool cursor, struct store_partitions 
 		*out = r;
 	}
 	PQclear(res);
+	return rc;
+}
+
+/* ---- converting a plain table ---- */
+
+/* The swap's statements: the lock, CONVERT_SWAP, the parent's indexes (which attach the
+ * renamed ones), the DEFAULT partition, the functions, the partitions ahead, the wake-up
+ * trigger. One text: the server runs it as one transaction, all or nothing. */
+static void add_swap(struct schema_sbuf *b, const char *qschema, const char *lbase,
+                     const char *base, const char *tq, int64_t bound, int64_t rows)
+{
+	char n[24];
+	const char *vals[6] = { qschema, lbase, tq, "", "", n };
+
+	snprintf(n, sizeof(n), "%lld", (long long)bound);
+	schema_sbuf_add(b, "SET lock_timeout = '5s';\nLOCK TABLE %s IN ACCESS EXCLUSIVE MODE;\n",
+	                tq);
+	add_template(b, CONVERT_SWAP ";\n", vals);
+	for (size_t i = 0; i < SCHEMA_N_INDEXES; i++)
+		schema_sbuf_add(b, "CREATE INDEX %s%s ON %s %s;\n", base, schema_indexes[i].suffix,
+		                tq, schema_indexes[i].def);
+	partitions_add_default(b, qschema, base, tq);
+	schema_sbuf_add(b, ";\n");
+	partitions_add_functions(b, qschema, lbase, tq, (long long)rows);
+	schema_sbuf_add(b, ";\nSELECT %s.%s_part_ahead();\n", qschema, base);
+	schema_add_trigger_ddl(b, qschema, base, tq);
+}
+
+/* Runs sql (several statements, one implicit transaction, the last one a command); on failure
+ * the error says what. */
+static int convert_step(struct store *s, const char *sql, const char *what)
+{
+	char prefix[STORE_NAME_MAX + 96];
+
+	snprintf(prefix, sizeof(prefix), "could not convert table '%s' (%s)", s->table, what);
+	return store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, prefix);
+}
+
+/* The sequence's last value (0 before the first). */
+static int last_seq(struct store *s, int64_t *last)
+{
+	const char *params[1] = { s->table };
+	PGresult *res = NULL;
+	int rc;
+
+	rc = store_exec(s,
+	                "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')"
+	                "::regclass), 0)",
+	                1, params, PGRES_TUPLES_OK, &res, "could not read the seq sequence");
+	if (rc == 0 && store_parse_int64(PQgetvalue(res, 0, 0), last) != 0) {
+		store_set_error(s, "the seq sequence's value is unreadable");
+		rc = STORE_ERR_QUERY;
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* The bound of the first partition lies this many partitions above the sequence: producers
+ * keep inserting while the CHECK is validated, and an insert at or past the bound would fail. */
+#define CONVERT_MARGIN_PARTITIONS 10
+
+/* After a failed step: the CHECK would fail producers' inserts once the sequence reached the
+ * bound, so it goes again. The first error is the one reported. */
+static void convert_undo(struct store *s, const char *tq, const char *lbase)
+{
+	char sql[3 * STORE_NAME_MAX], keep[STORE_ERRMSG_MAX];
+	int undo;
+
+	if (!store_connected(s))
+		return;
+	snprintf(keep, sizeof(keep), "%s", store_errmsg(s));
+	snprintf(sql, sizeof(sql), "ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s_seq_below", tq,
+	         lbase);
+	undo = store_exec(s, sql, 0, NULL, PGRES_COMMAND_OK, NULL, "could not undo");
+	store_set_error(s, "%s%s", keep,
+	                undo != 0 ? " (and its CHECK is still there: run migrate again, which "
+	                            "replaces it, or drop it)"
+	                          : "");
+}
+
+int partitions_convert(struct store *s, const char *qschema, const char *lbase, const char *base,
+                       int64_t rows)
+{
+	char tq[2 * STORE_NAME_MAX], sql[4 * STORE_NAME_MAX];
+	struct schema_sbuf b = { 0 };
+	int64_t last = 0, bound;
+	int rc;
+
+	snprintf(tq, sizeof(tq), "%s.%s", qschema, base);
+	if ((rc = last_seq(s, &last)) != 0)
+		return rc;
+	bound = last + CONVERT_MARGIN_PARTITIONS * rows;
+	/* ADD CONSTRAINT takes ACCESS EXCLUSIVE for a moment; NOT VALID reads no row. */
+	snprintf(sql, sizeof(sql),
+	         "SET lock_timeout = '5s'; ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s_seq_below,"
+	         " ADD CONSTRAINT %s_seq_below CHECK (seq < %lld) NOT VALID",
+	         tq, lbase, lbase, (long long)bound);
+	rc = convert_step(s, sql, "the bound's CHECK; nothing was changed");
+	if (rc == 0) {
+		/* SHARE UPDATE EXCLUSIVE while it reads the table: producers keep inserting. */
+		snprintf(
+		        sql, sizeof(sql),
+		        "SET lock_timeout = '60s'; ALTER TABLE %s VALIDATE CONSTRAINT %s_seq_below",
+		        tq, lbase);
+		rc = convert_step(s, sql, "validating the bound; nothing was changed");
+		add_swap(&b, qschema, lbase, base, tq, bound, rows);
+		if (rc == 0 && b.failed) {
+			store_set_error(s, "out of memory");
+			rc = STORE_ERR_NOMEM;
+		}
+		if (rc == 0)
+			rc = convert_step(s, b.p, "the swap; nothing was changed");
+		if (rc != 0)
+			convert_undo(s, tq, lbase);
+	}
+	free(b.p);
+	if (store_connected(s) &&
+	    store_exec(s, "RESET lock_timeout", 0, NULL, PGRES_COMMAND_OK, NULL, "reset") != 0 &&
+	    rc == 0)
+		rc = STORE_ERR_QUERY;
 	return rc;
 }

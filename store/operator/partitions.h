@@ -17,9 +17,10 @@
 /* As store_migrate(), but a table that does not exist yet is created range-partitioned by seq,
  * partition_rows seqs a partition (0 = keep what the table has, or the default), with a
  * DEFAULT partition, two empty partitions above the sequence, and the functions that keep
- * partitions ahead and retire done ones. A table that exists as a plain table is refused
- * (STORE_ERR_FATAL, nothing changed; docs/operations.md says how to convert one); on a
- * partitioned one, a partition_rows given replaces the size of the partitions to come. */
+ * partitions ahead and retire done ones. A plain table is brought up to date, then converted
+ * while producers write (docs/operations.md, "Partitioning": a CHECK validated, then one short
+ * exclusive lock); store_notice() then says to restart its relays. On a partitioned one, a
+ * partition_rows given replaces the size of the partitions to come. */
 int store_migrate_partitioned(struct store *s, int64_t partition_rows)
         __attribute__((warn_unused_result));
 

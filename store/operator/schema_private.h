@@ -99,5 +99,13 @@ void partitions_add_default(struct schema_sbuf *b, const char *qschema, const ch
                             const char *tq);
 void partitions_add_functions(struct schema_sbuf *b, const char *qschema, const char *base,
                               const char *tq, long long rows);
+/* Converts the plain table qschema.base (up to date otherwise; lbase: base folded to lower
+ * case) into a partitioned one, rows seqs a partition: a CHECK (seq < bound) added NOT VALID
+ * and validated while producers write, then, in one transaction that holds the table's ACCESS
+ * EXCLUSIVE lock (waited for at most 5 s), the table becomes the first partition (FROM MINVALUE
+ * to the bound) of a new parent of its name (docs/operations.md, "Partitioning"). On failure
+ * nothing is changed (the CHECK is dropped again). */
+int partitions_convert(struct store *s, const char *qschema, const char *lbase, const char *base,
+                       int64_t rows);
 
 #endif
