@@ -122,7 +122,9 @@ void partitions_add_create_table(struct schema_sbuf *b, const char *table)
  * published_at (rows its exception path published) older than cut, and it was first seen
  * done before cut: its rows carry no time of publication, so the first call that finds it done
  * notes the time in the partition's comment, and the partition goes one retention later.
- * The check is made again under the lock: a replay may have made a row pending meanwhile. */
+ * The check is made again under the lock: a replay may have made a row pending meanwhile.
+ * The lock is waited for 100 ms at most: producers' inserts queue behind a waiting request
+ * for it, and a drop missed is tried again at the next purge. */
 #define FN_RETIRE                                                                              \
 	FN_HEAD                                                                                \
 	"  cut timestamptz := now() - age_ms * interval '1 millisecond';\n"                    \
@@ -144,6 +146,7 @@ void partitions_add_create_table(struct schema_sbuf *b, const char *table)
 	"      CONTINUE WHEN seen::timestamptz >= cut;\n"                                      \
 	"    END IF;\n"                                                                        \
 	"    EXECUTE format('SELECT count(*) FROM %s', r.part) INTO rows_gone;\n"              \
+	"    PERFORM set_config('lock_timeout', '100ms', true);\n"                             \
 	"    BEGIN\n"                                                                          \
 	"      EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', parent);\n"       \
 	"    EXCEPTION WHEN lock_not_available THEN\n"                                         \
