@@ -101,6 +101,7 @@ void measure_producer(struct bench *b); /* producer.c */
 void measure_backlog(struct bench *b);  /* backlog.c */
 void measure_keys(struct bench *b);     /* keys.c */
 void measure_sources(struct bench *b);  /* sources.c */
+void measure_history(struct bench *b);  /* history.c */
 void report_memory(struct bench *b);    /* memory.c */
 void report_versus(struct bench *b);    /* versus.c */
 

@@ -64,34 +64,23 @@ static void relay_sessions_us(PGconn *c, long n, struct drain *d)
 	}
 }
 
-int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
-              struct drain *d)
+/* The drain itself, on c's database: a fresh queue and its consumer, the relay started and
+ * watched until n rows are delivered and dealt with, then stopped; the table is the caller's. */
+static int drain_body(struct bench *b, const char *what, PGconn *c, const char *table, long n,
+                      bool slices, struct drain *d)
 {
-	PGconn *c = db_open(b, what);
 	struct consumer *k = NULL;
 	struct proc_relay rp = { 0 };
 	struct drain_times t = { 0 };
 	struct cpu_sample ca, cz;
-	struct wal_point fa, fz, wa, wz;
+	struct wal_point wa, wz;
 	char sql[512], slot[64] = "";
 	int64_t t0, deadline, last_print;
 	long long left = -1;
 	int rc = -1;
 
-	memset(d, 0, sizeof(*d));
-	if (!c)
-		return -1;
-	if (db_table_fresh(b, c, what, table) != 0)
-		goto out;
-	wal_mark_stats(c, &fa);
-	wal_mark_lsn(c, &fa);
-	if (db_table_fill(b, c, what, table, n, keys) != 0)
-		goto out;
-	wal_mark_lsn(c, &fz);
-	wal_mark_stats(c, &fz);
-	wal_cost(c, &fa, &fz, n, false, &d->fill_wal);
 	if (mq_fresh_queue(b, what, table) != 0)
-		goto out;
+		return -1;
 	t.slice = slices ? n / 10 : 0;
 	if (mq_consume(b, what, table, on_delivery, &t, &k) != 0)
 		goto out;
@@ -171,7 +160,44 @@ out:
 	}
 	wal_release(c, slot);
 	consumer_stop(k);
+	return rc;
+}
+
+int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
+              struct drain *d)
+{
+	PGconn *c = db_open(b, what);
+	struct wal_point fa, fz;
+	int rc = -1;
+
+	memset(d, 0, sizeof(*d));
+	if (!c)
+		return -1;
+	if (db_table_fresh(b, c, what, table) != 0)
+		goto out;
+	wal_mark_stats(c, &fa);
+	wal_mark_lsn(c, &fa);
+	if (db_table_fill(b, c, what, table, n, keys) != 0)
+		goto out;
+	wal_mark_lsn(c, &fz);
+	wal_mark_stats(c, &fz);
+	wal_cost(c, &fa, &fz, n, false, &d->fill_wal);
+	rc = drain_body(b, what, c, table, n, slices, d);
+out:
 	db_table_drop(c, table);
+	PQfinish(c);
+	return rc;
+}
+
+int drain_existing(struct bench *b, const char *what, const char *table, long n, struct drain *d)
+{
+	PGconn *c = db_open(b, what);
+	int rc;
+
+	memset(d, 0, sizeof(*d));
+	if (!c)
+		return -1;
+	rc = drain_body(b, what, c, table, n, false, d);
 	PQfinish(c);
 	return rc;
 }

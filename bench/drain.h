@@ -40,6 +40,10 @@ struct drain {
  * way; d->hwm_kb and d->maxrss_kb are set whenever the relay ran. */
 int drain_run(struct bench *b, const char *what, const char *table, long n, int keys, bool slices,
               struct drain *d) __attribute__((warn_unused_result));
+/* As drain_run(), on a table the caller made and filled, whose n unpublished rows are
+ * drained; the table is left as the drain leaves it (no pre-fill figures: fill_wal is zero). */
+int drain_existing(struct bench *b, const char *what, const char *table, long n, struct drain *d)
+        __attribute__((warn_unused_result));
 /* Prints what a successful drain_run() of n rows cost: "<what>: cpu per message: ...", the
  * WAL per message with its breakdown by record type, and the pre-fill's WAL per row. */
 void drain_print_cost(const char *what, const struct drain *d, long n);

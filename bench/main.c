@@ -95,6 +95,19 @@ static const struct bench_measurement measurements[] = {
 	    { "src_a_wal", 0 },
 	    { "src_b_wal", 0 },
 	    { "src_b_held", 0 } } },
+	/* A long history, plain against partitioned (--only history). */
+	{ "history",
+	  false,
+	  measure_history,
+	  NULL,
+	  { { "history_plain_rate", 0 },
+	    { "history_part_rate", 0 },
+	    { "history_plain_pg_us", 1 },
+	    { "history_part_pg_us", 1 },
+	    { "history_plain_purge_s", 1 },
+	    { "history_part_purge_s", 2 },
+	    { "history_plain_after_mb", 0 },
+	    { "history_part_after_mb", 0 } } },
 	/* The two sources side by side, from the figures above: the cursor's throughput and
 	 * PostgreSQL CPU per message against the lease's in the same run. */
 	{ "versus",
@@ -108,7 +121,7 @@ static const struct bench_measurement measurements[] = {
 
 /* Measurements that run only when --only names them, never in a full run: a prototype's
  * figures, which the relay's targets do not read. */
-static const char *const on_request[] = { "sources" };
+static const char *const on_request[] = { "sources", "history" };
 
 static bool in_full_run(const char *name)
 {
@@ -228,7 +241,7 @@ static void usage(FILE *out)
 		}
 	}
 	fprintf(out,
-	        " (memory comes with relay/backlog; sources only with --only;\n"
+	        " (memory comes with relay/backlog; sources and history only with --only;\n"
 	        "  several names, comma-separated, run in the usual order: limit,relay gives the\n"
 	        "  relay's ratio to the limit of the same run)\n"
 	        "  --source: the relay's row source(s) (relay.source) in every measurement that\n"

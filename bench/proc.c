@@ -15,14 +15,17 @@
 
 /* Starts `outbox-relay cmd` on table with stdout on out (-1 = the benchmark's); the relay's
  * stderr is always the benchmark's, so a relay that complains is seen. */
-static pid_t spawn_relay(struct bench *b, const char *what, const char *cmd, const char *table,
-                         int out)
+static pid_t spawn_relay_args(struct bench *b, const char *what, const char *const *args,
+                              const char *table, int out)
 {
 	char wk[48], bs[48], rt[64], src[48];
 	const char *const extra[] = { wk, bs, rt, src, "OUTBOX_LOG_LEVEL=warn", NULL };
-	char *argv[] = { (char *)b->opt.relay, (char *)cmd, NULL };
+	char *argv[16] = { (char *)b->opt.relay };
 	struct process_env env = { 0 };
 	pid_t pid = -1;
+
+	for (size_t i = 0; args[i] && i + 2 < sizeof(argv) / sizeof(argv[0]); i++)
+		argv[i + 1] = (char *)args[i];
 
 	snprintf(wk, sizeof(wk), "OUTBOX_RELAY_WORKERS=%ld", bench_workers(b));
 	snprintf(bs, sizeof(bs), "OUTBOX_RELAY_BATCH_SIZE=%ld", bench_batch(b));
@@ -38,6 +41,39 @@ static pid_t spawn_relay(struct bench *b, const char *what, const char *cmd, con
 out:
 	process_env_free(&env);
 	return pid;
+}
+
+static pid_t spawn_relay(struct bench *b, const char *what, const char *cmd, const char *table,
+                         int out)
+{
+	const char *const args[] = { cmd, NULL };
+
+	return spawn_relay_args(b, what, args, table, out);
+}
+
+int proc_command(struct bench *b, const char *what, const char *table, const char *const *args,
+                 int64_t timeout_ms)
+{
+	int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	pid_t pid;
+	int st;
+
+	if (devnull < 0) {
+		bench_fail(b, what, "/dev/null: %s", strerror(errno));
+		return -1;
+	}
+	pid = spawn_relay_args(b, what, args, table, devnull);
+	close(devnull);
+	if (pid < 0)
+		return -1;
+	st = process_wait(pid, timeout_ms, NULL);
+	if (st == -1)
+		process_kill(pid);
+	if (st != 0) {
+		bench_fail(b, what, "outbox-relay %s failed (status %d)", args[0], st);
+		return -1;
+	}
+	return 0;
 }
 
 int proc_migrate(struct bench *b, const char *what, const char *table)

@@ -3,6 +3,7 @@
 #ifndef OUTBOX_BENCH_PROC_H
 #define OUTBOX_BENCH_PROC_H
 
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "bench/bench.h"
@@ -18,6 +19,10 @@ struct proc_relay {
  * bench_fail(what). */
 int proc_migrate(struct bench *b, const char *what, const char *table)
         __attribute__((warn_unused_result));
+/* Runs `outbox-relay args...` (NULL-terminated, at most 14) on table to completion, its
+ * stdout discarded, killed after timeout_ms; -1 after bench_fail(what) unless it exits 0. */
+int proc_command(struct bench *b, const char *what, const char *table, const char *const *args,
+                 int64_t timeout_ms) __attribute__((warn_unused_result));
 /* Starts `outbox-relay run` on table (also the LISTEN channel's and the queue's name, so
  * runs never see each other's rows), with the relay's clean environment plus the run's
  * relay.workers, relay.batch_size and relay.retention and the measurement's relay.source
