@@ -46,9 +46,12 @@ struct bench_options {
 	long workers;          /* relay.workers for every relay run (0 = BENCH_WORKERS_DFLT) */
 	long batch;            /* relay.batch_size for every relay run (0 = BENCH_BATCH_DFLT) */
 	const char *retention; /* relay.retention for every relay run ("0": delete on confirm) */
-	long load_rate;        /* the load run's rows/s (0 = half the relay's, see load.c) */
-	long load_batch;       /* the load run's rows per commit (0 = 1) */
-	unsigned sources;      /* bit (1u << enum bench_source) for each source to measure */
+	/* relay.purge_interval for every relay run; NULL = the relay's default (a measurement
+	 * of retention sets it for its own runs) */
+	const char *purge_interval;
+	long load_rate;   /* the load run's rows/s (0 = half the relay's, see load.c) */
+	long load_batch;  /* the load run's rows per commit (0 = 1) */
+	unsigned sources; /* bit (1u << enum bench_source) for each source to measure */
 	enum bench_topology topology;
 };
 

@@ -8,6 +8,10 @@
  *  - retention: `outbox-relay purge --older-than 30m`, which deletes the published rows in
  *    batches on a plain table and drops whole partitions on a partitioned one: its time, its
  *    WAL, and the table's size (indexes and partitions included) before and after.
+ * Then the steady load: STEADY_RATE rows/s for 36 phases (--seconds: 10 by default, so 6
+ * minutes; --seconds 100 makes it the hour), the relay publishing them with relay.retention a
+ * fifth of that and purging every thirtieth: the table's size at each tenth of the way, and the
+ * WAL per row of everything together (the producer's inserts, the marks, the purge).
  * A partitioned table gets ten partitions of history (`migrate --partitioned --partition-rows`
  * a tenth of the rows). */
 #include <math.h>
@@ -17,6 +21,7 @@
 #include "bench/bench.h"
 #include "bench/db.h"
 #include "bench/drain.h"
+#include "bench/mq.h"
 #include "bench/proc.h"
 #include "bench/wal.h"
 
@@ -167,6 +172,115 @@ out:
 	return rc;
 }
 
+#define STEADY_RATE 2000 /* rows/s, in ten statements a second */
+
+struct steady {
+	double mb[11]; /* the table's size at 0 %, 10 %, ... 100 % of the phase */
+	double max_mb;
+	double wal_per_row; /* bytes */
+	long rows;
+};
+
+static void ignore_delivery(const struct consumer_delivery *d, void *arg)
+{
+	(void)d;
+	(void)arg;
+}
+
+/* One tick of the steady load: rows first+1 .. first+n in one statement (and commit). */
+static int steady_insert(struct bench *b, PGconn *c, const char *what, const char *table,
+                         long first, long n)
+{
+	char sql[512];
+
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO %s (id, exchange_name, routing_key, body) SELECT 's' || g, '',"
+	         " '%s', repeat('x', %d) FROM generate_series(%ld, %ld) g",
+	         table, table, HISTORY_BODY_LEN, first + 1, first + n);
+	return db_exec(b, c, what, sql);
+}
+
+static int steady_run(struct bench *b, const char *what, PGconn *c, const char *table, long secs,
+                      struct steady *st)
+{
+	struct proc_relay rp = { 0 };
+	struct wal_point a, z;
+	int64_t next = bench_mono_us();
+	int rc = -1;
+
+	if (proc_relay_start(b, &rp, what, table) != 0)
+		return -1;
+	wal_mark_lsn(c, &a);
+	for (long tick = 0; tick <= secs * 10; tick++) {
+		if (tick % secs == 0) {
+			st->mb[tick / secs] = table_mb(c, table);
+			if (st->mb[tick / secs] > st->max_mb)
+				st->max_mb = st->mb[tick / secs];
+		}
+		if (tick == secs * 10)
+			break;
+		if (steady_insert(b, c, what, table, st->rows, STEADY_RATE / 10) != 0)
+			goto out;
+		st->rows += STEADY_RATE / 10;
+		if (!proc_relay_alive(b, &rp, what))
+			goto out;
+		if (bench_interrupted()) {
+			bench_fail(b, what, "interrupted");
+			goto out;
+		}
+		next += 100000;
+		if (next > bench_mono_us())
+			bench_sleep_ms((long)((next - bench_mono_us()) / 1000));
+	}
+	wal_mark_lsn(c, &z);
+	st->wal_per_row = a.lsn && z.lsn ? (double)(z.lsn - a.lsn) / (double)st->rows : NAN;
+	rc = 0;
+out:
+	proc_relay_stop(b, &rp, what);
+	return rc;
+}
+
+static int steady(struct bench *b, bool partitioned, struct steady *st)
+{
+	const char *table = partitioned ? "bench_steady_part" : "bench_steady_plain";
+	long secs = (long)b->opt.phase_s * 36;
+	long part_rows = STEADY_RATE * secs / 15;
+	const char *was_ret = b->opt.retention, *was_pi = b->opt.purge_interval;
+	char what[64], ret[32], pint[32];
+	struct consumer *k = NULL;
+	PGconn *c;
+	int rc = -1;
+
+	memset(st, 0, sizeof(*st));
+	snprintf(what, sizeof(what), "history/steady/%s", partitioned ? "partitioned" : "plain");
+	c = db_open(b, what);
+	if (!c)
+		return -1;
+	snprintf(ret, sizeof(ret), "%lds", secs / 5);
+	snprintf(pint, sizeof(pint), "%lds", secs / 30 < 1 ? 1 : secs / 30);
+	if (make_table(b, c, what, table, partitioned, part_rows < 100 ? 100 : part_rows) != 0 ||
+	    mq_fresh_queue(b, what, table) != 0 ||
+	    mq_consume(b, what, table, ignore_delivery, NULL, &k) != 0)
+		goto out;
+	b->opt.retention = ret;
+	b->opt.purge_interval = pint;
+	rc = steady_run(b, what, c, table, secs, st);
+	b->opt.retention = was_ret;
+	b->opt.purge_interval = was_pi;
+	if (rc != 0)
+		goto out;
+	printf("%s: %ld rows at %d/s over %ld s, relay.retention %s, purge every %s: size MB", what,
+	       st->rows, STEADY_RATE, secs, ret, pint);
+	for (int i = 0; i <= 10; i++)
+		printf(" %.0f", st->mb[i]);
+	printf("; max %.0f MB, WAL %.0f B/row\n", st->max_mb, st->wal_per_row);
+out:
+	consumer_stop(k);
+	db_table_drop(c, table);
+	PQfinish(c);
+	return rc;
+}
+
 void measure_history(struct bench *b)
 {
 	long n = b->opt.rows > 0 ? b->opt.rows
@@ -174,6 +288,7 @@ void measure_history(struct bench *b)
 	                         : HISTORY_ROWS_DFLT;
 	enum bench_source was = b->source;
 	struct history_cost plain, part;
+	struct steady splain, spart;
 
 	/* The lease source: its claim walks the pending index, its mark writes published_at,
 	 * which is what retention reads. */
@@ -192,6 +307,12 @@ void measure_history(struct bench *b)
 	       " %.3f, retention WAL %.3f, size after retention %.2f\n",
 	       part.rate / plain.rate, part.pg_us / plain.pg_us, part.purge_s / plain.purge_s,
 	       part.purge_wal_mb / plain.purge_wal_mb, part.after_mb / plain.after_mb);
+	if (steady(b, false, &splain) != 0 || steady(b, true, &spart) != 0)
+		goto out;
+	bench_set(b, "history_plain_steady_mb", splain.max_mb);
+	bench_set(b, "history_part_steady_mb", spart.max_mb);
+	printf("history: steady load, partitioned/plain: largest size %.2f, WAL per row %.2f\n",
+	       spart.max_mb / splain.max_mb, spart.wal_per_row / splain.wal_per_row);
 out:
 	b->source = was;
 }

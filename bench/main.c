@@ -107,7 +107,9 @@ static const struct bench_measurement measurements[] = {
 	    { "history_plain_purge_s", 1 },
 	    { "history_part_purge_s", 2 },
 	    { "history_plain_after_mb", 0 },
-	    { "history_part_after_mb", 0 } } },
+	    { "history_part_after_mb", 0 },
+	    { "history_plain_steady_mb", 0 },
+	    { "history_part_steady_mb", 0 } } },
 	/* The two sources side by side, from the figures above: the cursor's throughput and
 	 * PostgreSQL CPU per message against the lease's in the same run. */
 	{ "versus",

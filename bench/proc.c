@@ -18,8 +18,10 @@
 static pid_t spawn_relay_args(struct bench *b, const char *what, const char *const *args,
                               const char *table, int out)
 {
-	char wk[48], bs[48], rt[64], src[48];
-	const char *const extra[] = { wk, bs, rt, src, "OUTBOX_LOG_LEVEL=warn", NULL };
+	char wk[48], bs[48], rt[64], src[48], pi[64];
+	const char *const extra[] = {
+		wk, bs, rt, src, "OUTBOX_LOG_LEVEL=warn", b->opt.purge_interval ? pi : NULL, NULL
+	};
 	char *argv[16] = { (char *)b->opt.relay };
 	struct process_env env = { 0 };
 	pid_t pid = -1;
@@ -31,6 +33,8 @@ static pid_t spawn_relay_args(struct bench *b, const char *what, const char *con
 	snprintf(bs, sizeof(bs), "OUTBOX_RELAY_BATCH_SIZE=%ld", bench_batch(b));
 	snprintf(rt, sizeof(rt), "OUTBOX_RELAY_RETENTION=%s", b->opt.retention);
 	snprintf(src, sizeof(src), "OUTBOX_RELAY_SOURCE=%s", bench_source_name(b->source));
+	snprintf(pi, sizeof(pi), "OUTBOX_RELAY_PURGE_INTERVAL=%s",
+	         b->opt.purge_interval ? b->opt.purge_interval : "");
 	if (process_env_relay(&env, b->opt.pg, b->opt.amqp, table, extra) != 0) {
 		bench_fail(b, what, "could not build the relay's environment");
 		goto out;
