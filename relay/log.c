@@ -30,6 +30,9 @@
 static atomic_int g_min_level = LOG_INFO;
 static atomic_int g_format = LOG_FORMAT_TEXT;
 
+/* The source of the calling thread's lines (log_set_source()); NULL = none. */
+static _Thread_local const char *t_source;
+
 struct line {
 	char buf[LOG_LINE_MAX];
 	size_t len;
@@ -45,6 +48,11 @@ void log_setup(enum log_level min_level, enum log_format format)
 bool log_enabled(enum log_level level)
 {
 	return (int)level >= atomic_load_explicit(&g_min_level, memory_order_relaxed);
+}
+
+void log_set_source(const char *name)
+{
+	t_source = name && name[0] ? name : NULL;
 }
 
 static const char *level_name(enum log_level level)
@@ -249,6 +257,8 @@ static bool line_begin(struct line *l, enum log_level level, const char *compone
 	}
 	put_pair(l, "level", level_name(level), json, false);
 	put_pair(l, "component", component ? component : "relay", json, false);
+	if (t_source)
+		put_pair(l, "source", t_source, json, false);
 	/* msg is always quoted in text so that a one-word message reads like the others. */
 	put_pair(l, "msg", msg, json, true);
 	return json;

@@ -13,6 +13,11 @@ enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON };
 /* Set once at start, before threads exist. Defaults: info, text. */
 void log_setup(enum log_level min_level, enum log_format format);
 bool log_enabled(enum log_level level);
+/* The source every later line of the calling thread names (`source=orders` after component in
+ * text, "source" in JSON); NULL or "" names none. name is borrowed: it must outlive the
+ * thread's logging (a source's name lives in its config snapshot). Thread-local: each of a
+ * source's threads calls it first thing, the main thread around work for one source. */
+void log_set_source(const char *name);
 
 /* One key/value of a log line, typed, so that a call site passes numbers and durations as
  * they are and the formatting lives here. Build them with the LOG_* macros below. */

@@ -329,3 +329,62 @@ Test(log, typed_fields_format_and_optional_pairs_do_not_end_the_list)
 	cr_assert_not_null(strstr(out, " after=kept\n"), "pairs after it survive: %s", out);
 	free(out);
 }
+
+static void *log_as_billing(void *arg)
+{
+	(void)arg;
+	log_set_source("billing");
+	log_event(LOG_INFO, "worker1", "connected", LOG_STR("to", "broker"));
+	return NULL;
+}
+
+/* A source's lines name it right after component; a thread that set none (or "") names none,
+ * and one thread's source never leaks into another's lines. */
+Test(log, source_follows_component_per_thread)
+{
+	pthread_t t;
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	capture_start();
+	log_set_source("orders");
+	log_event(LOG_INFO, "relay", "summary", LOG_UINT("published", 3));
+	cr_assert_eq(pthread_create(&t, NULL, log_as_billing, NULL), 0);
+	pthread_join(t, NULL);
+	log_set_source("");
+	log_event(LOG_INFO, "relay", "stopped");
+	log_set_source(NULL);
+	out = capture_end();
+
+	cr_assert_not_null(strstr(out, " level=info component=relay source=orders "
+	                               "msg=\"summary\" published=3\n"),
+	                   "got: %s", out);
+	cr_assert_not_null(strstr(out, " component=worker1 source=billing msg=\"connected\""),
+	                   "got: %s", out);
+	cr_assert_not_null(strstr(out, " component=relay msg=\"stopped\"\n"), "got: %s", out);
+	cr_assert_eq(count_char(out, '\n'), 3, "got: %s", out);
+	free(out);
+}
+
+Test(log, source_in_json)
+{
+	json_error_t jerr;
+	json_t *o;
+	char *out;
+
+	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	capture_start();
+	log_set_source("orders");
+	log_event(LOG_WARN, "maintenance", "could not read table status, will retry");
+	log_set_source(NULL);
+	out = capture_end();
+
+	o = json_loads(out, 0, &jerr);
+	cr_assert_not_null(o, "not JSON (%s): %s", jerr.text, out);
+	cr_assert_str_eq(json_string_value(json_object_get(o, "source")), "orders");
+	cr_assert_not_null(strstr(out, "\"component\":\"maintenance\",\"source\":\"orders\""),
+	                   "got: %s", out);
+	json_decref(o);
+	free(out);
+	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+}
