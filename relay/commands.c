@@ -138,15 +138,11 @@ static int parse_migrate(int argc, char **argv, bool *partitioned, int64_t *rows
 	return 0;
 }
 
-int command_migrate(const struct config *cfg, int argc, char **argv)
+static int migrate_one(const struct config *cfg, bool partitioned, int64_t rows)
 {
 	struct store_options o;
 	struct store *s;
-	bool partitioned = false;
-	int64_t rows = 0;
 
-	if (parse_migrate(argc, argv, &partitioned, &rows) < 0)
-		return 2;
 	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
@@ -159,16 +155,48 @@ int command_migrate(const struct config *cfg, int argc, char **argv)
 	return 0;
 }
 
-int command_status(const struct config *cfg, int argc, char **argv)
+/* With named sources, each in turn (a heading line each), stopping at the first that fails:
+ * the line says which, and that those after it were not tried. */
+int command_migrate(const struct config *cfg, int argc, char **argv)
 {
-	static const char *const known[] = { "--json", NULL };
+	bool partitioned = false;
+	int64_t rows = 0;
+
+	if (parse_migrate(argc, argv, &partitioned, &rows) < 0)
+		return 2;
+	if (cfg->n_named == 0)
+		return migrate_one(cfg, partitioned, rows);
+	for (size_t i = 0; i < cfg->n_named; i++) {
+		printf("%ssource %s\n", i > 0 ? "\n" : "", cfg->named[i]->source_name);
+		fflush(stdout);
+		if (migrate_one(cfg->named[i], partitioned, rows) != 0) {
+			fprintf(stderr, "outbox-relay: migrate: stopped at source '%s'%s\n",
+			        cfg->named[i]->source_name,
+			        i + 1 < cfg->n_named ? ", the sources after it were not tried"
+			                             : "");
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void print_json(json_t *j)
+{
+	if (j) {
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		fputc('\n', stdout);
+	}
+}
+
+/* One table's status: printed as text, or (out not NULL) into *out as a new JSON object. 0,
+ * or 1 when it could not be read (said on stderr). */
+static int status_one(const struct config *cfg, json_t **out)
+{
 	struct store_options o;
 	struct store_status st;
 	struct store *s;
 	int rc;
 
-	if ((rc = command_unknown_args(argc, argv, known, "status")))
-		return rc;
 	s = command_admin_open(cfg, &o);
 	if (!s)
 		return 1;
@@ -179,28 +207,22 @@ int command_status(const struct config *cfg, int argc, char **argv)
 		fprintf(stderr, "outbox-relay: status: warning: %s\n", store_errmsg(s));
 	else if (rc < 0)
 		return command_store_failed(s, "read the seq sequence");
-	if (command_has_flag(argc, argv, "--json")) {
-		json_t *j = json_pack(
-		        "{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table", cfg->database_table,
-		        "pending", (json_int_t)st.pending, "leased", (json_int_t)st.leased, "dead",
-		        (json_int_t)st.dead, "published", (json_int_t)st.published,
-		        "oldest_pending_age_seconds", st.oldest_pending_age_s, "blocked_keys",
-		        (json_int_t)st.blocked_keys, "oldest_blocked_key",
-		        st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
-		        "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
-
-		if (j && st.partitions.partitioned)
+	if (out) {
+		*out = json_pack("{s:s,s:I,s:I,s:I,s:I,s:f,s:I,s:s?,s:f}", "table",
+		                 cfg->database_table, "pending", (json_int_t)st.pending, "leased",
+		                 (json_int_t)st.leased, "dead", (json_int_t)st.dead, "published",
+		                 (json_int_t)st.published, "oldest_pending_age_seconds",
+		                 st.oldest_pending_age_s, "blocked_keys",
+		                 (json_int_t)st.blocked_keys, "oldest_blocked_key",
+		                 st.oldest_blocked_key[0] ? st.oldest_blocked_key : NULL,
+		                 "oldest_blocked_age_seconds", st.oldest_blocked_age_s);
+		if (*out && st.partitions.partitioned)
 			json_object_set_new(
-			        j, "partitions",
+			        *out, "partitions",
 			        json_pack("{s:I,s:I,s:I}", "partitions",
 			                  (json_int_t)st.partitions.partitions, "default_rows",
 			                  (json_int_t)st.partitions.default_rows, "held_by_dead",
 			                  (json_int_t)st.partitions.dead_partitions));
-		if (j) {
-			json_dumpf(j, stdout, JSON_INDENT(2));
-			fputc('\n', stdout);
-			json_decref(j);
-		}
 	} else {
 		printf("table                %s\n", cfg->database_table);
 		printf("pending              %" PRId64 "\n", st.pending);
@@ -220,6 +242,48 @@ int command_status(const struct config *cfg, int argc, char **argv)
 	}
 	store_free(s);
 	return 0;
+}
+
+/* With named sources, every source in turn: text under a "source NAME" heading each, JSON as
+ * one object keyed by source name (a source that could not be read holds an "error"). Exit 1
+ * when any could not be read. */
+int command_status(const struct config *cfg, int argc, char **argv)
+{
+	static const char *const known[] = { "--json", NULL };
+	bool json;
+	json_t *j = NULL, *all;
+	int rc;
+
+	if ((rc = command_unknown_args(argc, argv, known, "status")))
+		return rc;
+	json = command_has_flag(argc, argv, "--json");
+	if (cfg->n_named == 0) {
+		rc = status_one(cfg, json ? &j : NULL);
+		print_json(j);
+		json_decref(j);
+		return rc;
+	}
+	all = json ? json_object() : NULL;
+	for (size_t i = 0; i < cfg->n_named; i++) {
+		const char *name = cfg->named[i]->source_name;
+
+		j = NULL;
+		if (!json) {
+			printf("%ssource %s\n", i > 0 ? "\n" : "", name);
+			fflush(stdout);
+		}
+		if (status_one(cfg->named[i], json ? &j : NULL) != 0) {
+			fprintf(stderr, "outbox-relay: status: could not read source '%s'\n", name);
+			rc = 1;
+			if (json)
+				j = json_pack("{s:s}", "error", "could not read the status");
+		}
+		if (all && j)
+			json_object_set_new(all, name, j);
+	}
+	print_json(all);
+	json_decref(all);
+	return rc;
 }
 
 static void print_list(const struct store_list *l, bool json, bool keyed)

@@ -60,7 +60,7 @@
  * long as kubelet's whole default probe timeout; queued, it waits a few turns of the loop
  * (10 accepts each). A burst of reconnecting clients must not fill it, so it is long. */
 #define HTTP_BACKLOG     1024
-#define HTTP_MAX_WORKERS ((int)(sizeof(g_metrics.tick_ms) / sizeof(g_metrics.tick_ms[0])))
+#define HTTP_MAX_WORKERS METRICS_MAX_WORKERS
 
 enum http_phase {
 	HTTP_FREE = 0,  /* slot unused */
@@ -81,6 +81,10 @@ struct http_server {
 	struct MHD_Daemon *daemon;
 	int64_t stale_after_ms;
 	char version[128];
+	/* The sources served (borrowed from http_start()'s caller, alive until http_stop()). */
+	const struct metrics_unit *units;
+	size_t n_units;
+	bool named; /* the units have names: answers name each source */
 	pthread_t thread;
 	bool running; /* the thread was started and must be joined */
 	atomic_bool stopping;
@@ -376,78 +380,145 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned int status,
 	return ret;
 }
 
-static int load_workers(void)
+static int load_workers(const struct metrics_unit *u)
 {
-	int workers = atomic_load_explicit(&g_metrics.workers, memory_order_relaxed);
+	int workers = atomic_load_explicit(&u->m->workers, memory_order_relaxed);
 
 	return workers > HTTP_MAX_WORKERS ? HTTP_MAX_WORKERS : workers;
 }
 
+static bool unit_failed(const struct metrics_unit *u)
+{
+	return atomic_load_explicit(&u->m->source_failed, memory_order_relaxed) != 0;
+}
+
+/* The first loop of u that has not ticked within stale_after_ms, said into body (after its
+ * source's name when named); false when every loop ticks. */
+static bool unit_stale(const struct http_server *h, const struct metrics_unit *u, int64_t now,
+                       char *body, size_t n)
+{
+	int workers = load_workers(u);
+	const char *sep = h->named ? ": " : "";
+	const char *name = h->named ? u->source : "";
+
+	for (int i = 0; i < workers; i++) {
+		int64_t tick = atomic_load_explicit(&u->m->tick_ms[i], memory_order_relaxed);
+
+		if (tick != 0 && now - tick <= h->stale_after_ms)
+			continue;
+		if (tick == 0)
+			snprintf(body, n, "%s%sworker %d stale: has not ticked yet\n", name, sep,
+			         i);
+		else
+			snprintf(body, n,
+			         "%s%sworker %d stale: no tick for %lld ms (limit %lld ms)\n", name,
+			         sep, i, (long long)(now - tick), (long long)h->stale_after_ms);
+		return true;
+	}
+	return false;
+}
+
 /* Liveness: every relay loop ticked within stale_after_ms. A loop stuck in a call that never
- * returns stops ticking, and an orchestrator can then restart the process. */
+ * returns stops ticking, and an orchestrator can then restart the process. The loops of a
+ * named source that failed have ended on purpose: they are not stale (/readyz tells). */
 static enum MHD_Result healthz(struct MHD_Connection *conn, const struct http_server *h)
 {
-	char body[160];
-	int workers = load_workers();
+	char body[320];
 	int64_t now = clock_mono_ms();
+	int running = 0;
 
-	if (workers <= 0)
+	for (size_t i = 0; i < h->n_units; i++)
+		if (!(h->named && unit_failed(&h->units[i])))
+			running += load_workers(&h->units[i]);
+	if (running <= 0)
 		return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no relay loop running\n",
 		               "text/plain");
-	for (int i = 0; i < workers; i++) {
-		int64_t tick = atomic_load_explicit(&g_metrics.tick_ms[i], memory_order_relaxed);
-
-		if (tick == 0 || now - tick > h->stale_after_ms) {
-			if (tick == 0)
-				snprintf(body, sizeof(body),
-				         "worker %d stale: has not ticked yet\n", i);
-			else
-				snprintf(body, sizeof(body),
-				         "worker %d stale: no tick for %lld ms (limit %lld ms)\n",
-				         i, (long long)(now - tick), (long long)h->stale_after_ms);
+	for (size_t i = 0; i < h->n_units; i++) {
+		if (h->named && unit_failed(&h->units[i]))
+			continue;
+		if (unit_stale(h, &h->units[i], now, body, sizeof(body)))
 			return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, "text/plain");
-		}
 	}
 	return respond(conn, MHD_HTTP_OK, "ok\n", "text/plain");
 }
 
-/* Readiness: every worker holds both connections, so rows are actually moving. */
-static enum MHD_Result readyz(struct MHD_Connection *conn)
+/* Adds " broker NODE" (named) or "broker NODE\n" lines for each distinct node of u. */
+static size_t add_nodes(const struct http_server *h, const struct metrics_unit *u, char *body,
+                        size_t start, size_t len, size_t cap)
 {
-	char body[512];
-	int workers = load_workers();
-	int db = atomic_load_explicit(&g_metrics.db_up, memory_order_relaxed);
-	int broker = atomic_load_explicit(&g_metrics.broker_up, memory_order_relaxed);
+	int workers = load_workers(u);
 
-	if (workers <= 0)
-		return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no relay loop running\n",
-		               "text/plain");
-	if (db == workers && broker == workers) {
-		/* Which broker node(s) the loops use: after a cluster failover the operator sees
-		 * where the relay went. */
-		size_t len = (size_t)snprintf(body, sizeof(body), "ready\n");
+	/* Which broker node(s) the loops use: after a cluster failover the operator sees where
+	 * the relay went. */
+	for (int i = 0; i < workers && len < cap; i++) {
+		char node[128];
 
-		for (int i = 0; i < workers && i < METRICS_MAX_WORKERS && len < sizeof(body); i++) {
-			char node[128];
-
-			metrics_broker_node(i, node, sizeof(node));
-			if (node[0] && !strstr(body, node))
-				len += (size_t)snprintf(body + len, sizeof(body) - len,
-				                        "broker %s\n", node);
-		}
-		return respond(conn, MHD_HTTP_OK, body, "text/plain");
+		metrics_broker_node(u->m, i, node, sizeof(node));
+		if (node[0] && !strstr(body + start, node))
+			len += (size_t)snprintf(body + len, cap - len,
+			                        h->named ? ", broker %s" : "broker %s\n", node);
 	}
-	snprintf(body, sizeof(body), "%s%s%s\n", db != workers ? "database not connected" : "",
-	         db != workers && broker != workers ? "; " : "",
-	         broker != workers ? "broker not connected" : "");
-	return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, "text/plain");
+	return len;
+}
+
+/* One source's readiness into body at len (named: one line "orders ready"; unnamed: the
+ * answer as it always was); true when ready. */
+static bool unit_ready(const struct http_server *h, const struct metrics_unit *u, char *body,
+                       size_t *len, size_t cap)
+{
+	int workers = load_workers(u);
+	int db = atomic_load_explicit(&u->m->db_up, memory_order_relaxed);
+	int broker = atomic_load_explicit(&u->m->broker_up, memory_order_relaxed);
+	const char *name = h->named ? u->source : "";
+	const char *sp = h->named ? " " : "";
+	bool failed = h->named && unit_failed(u);
+	bool ready = workers > 0 && db == workers && broker == workers && !failed;
+	size_t start = *len;
+
+	if (*len >= cap)
+		return ready;
+	if (failed)
+		*len += (size_t)snprintf(body + *len, cap - *len,
+		                         "%s failed: stopped on an error no retry can fix\n", name);
+	else if (workers <= 0)
+		*len += (size_t)snprintf(body + *len, cap - *len, "%s%s%sno relay loop running\n",
+		                         name, sp, h->named ? "not ready: " : "");
+	else if (ready) {
+		*len += (size_t)snprintf(body + *len, cap - *len, "%s%sready%s", name, sp,
+		                         h->named ? "" : "\n");
+		*len = add_nodes(h, u, body, start, *len, cap);
+		if (h->named && *len < cap)
+			*len += (size_t)snprintf(body + *len, cap - *len, "\n");
+	} else
+		*len += (size_t)snprintf(body + *len, cap - *len, "%s%s%s%s%s%s\n", name,
+		                         h->named ? " not ready: " : "",
+		                         db != workers ? "database not connected" : "",
+		                         db != workers && broker != workers ? "; " : "",
+		                         broker != workers ? "broker not connected" : "", "");
+	return ready;
+}
+
+/* Readiness: every worker of every source holds both connections, so rows are actually
+ * moving; with named sources, one line a source. */
+static enum MHD_Result readyz(struct MHD_Connection *conn, const struct http_server *h)
+{
+	char body[4096];
+	size_t len = 0;
+	bool all = h->n_units > 0;
+
+	body[0] = '\0';
+	for (size_t i = 0; i < h->n_units; i++)
+		all = unit_ready(h, &h->units[i], body, &len, sizeof(body)) && all;
+	if (h->n_units == 0)
+		snprintf(body, sizeof(body), "no relay loop running\n");
+	return respond(conn, all ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, "text/plain");
 }
 
 static enum MHD_Result metrics(struct MHD_Connection *conn, const struct http_server *h)
 {
 	struct MHD_Response *r;
 	enum MHD_Result ret;
-	char *text = metrics_render(h->version);
+	char *text = metrics_render(h->units, h->n_units, h->version);
 
 	if (text == NULL)
 		return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n",
@@ -486,14 +557,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 	if (strcmp(url, "/healthz") == 0)
 		return healthz(conn, h);
 	if (strcmp(url, "/readyz") == 0)
-		return readyz(conn);
+		return readyz(conn, h);
 	if (strcmp(url, "/metrics") == 0)
 		return metrics(conn, h);
 	return respond(conn, MHD_HTTP_NOT_FOUND, "not found\n", "text/plain");
 }
 
 struct http_server *http_start(const char *listen, int64_t stale_after_ms, const char *version,
-                               char *err, size_t errlen)
+                               const struct metrics_unit *units, size_t n_units, char *err,
+                               size_t errlen)
 {
 	struct hostport ep;
 	struct http_server *h = NULL, *result = NULL;
@@ -509,6 +581,9 @@ struct http_server *http_start(const char *listen, int64_t stale_after_ms, const
 	}
 	h->wake[0] = h->wake[1] = -1;
 	h->stale_after_ms = stale_after_ms;
+	h->units = units;
+	h->n_units = n_units;
+	h->named = n_units > 0 && units[0].source && units[0].source[0];
 	snprintf(h->version, sizeof(h->version), "%s", version ? version : "unknown");
 	if (pipe2(h->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
 		snprintf(err, errlen, "could not create a pipe: %s", strerror(errno));

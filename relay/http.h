@@ -1,11 +1,13 @@
 /* The HTTP endpoint (libmicrohttpd driven by its own thread): /healthz, /readyz, /metrics. It
- * reads g_metrics only and never touches a connection. Slow or abusive clients cannot make
+ * reads the sources' metrics only and never touches a connection. Slow or abusive clients cannot make
  * it unreachable for a prober: see the limits below. */
 #ifndef OUTBOX_RELAY_HTTP_H
 #define OUTBOX_RELAY_HTTP_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "relay/metrics.h"
 
 /*
  * Limits, and why they are what they are. Who connects: Docker's HEALTHCHECK runs
@@ -56,10 +58,13 @@ struct http_server;
 
 /* Starts listening on "host:port" (IPv4, "[::1]:port" IPv6, or ":port" for all addresses) and
  * serving from a thread of its own. stale_after_ms: /healthz answers 503 when a relay loop has
- * not ticked for that long. version is copied. Returns a new server (http_stop() frees it) or
- * NULL with a one-line reason in err. */
+ * not ticked for that long. version is copied. units[0..n_units) are the sources it reports
+ * (borrowed: they must outlive the server); named units (units[0].source not "") get one
+ * /readyz line each and labelled metrics. Returns a new server (http_stop() frees it) or NULL
+ * with a one-line reason in err. */
 struct http_server *http_start(const char *listen, int64_t stale_after_ms, const char *version,
-                               char *err, size_t errlen) __attribute__((warn_unused_result));
+                               const struct metrics_unit *units, size_t n_units, char *err,
+                               size_t errlen) __attribute__((warn_unused_result));
 /* Stops serving, closes every connection and the listening socket, and frees h; accepts
  * NULL. */
 void http_stop(struct http_server *h);

@@ -13,7 +13,8 @@
 extern char **environ;
 
 static const char usage[] =
-        "usage: outbox-relay [--config FILE] [--set key=value ...] [COMMAND] [ARGS]\n"
+        "usage: outbox-relay [--config FILE] [--set key=value ...] [--source NAME] [COMMAND]\n"
+        "                    [ARGS]\n"
         "\n"
         "commands:\n"
         "  run                      relay the outbox to the broker (default)\n"
@@ -54,7 +55,11 @@ static const char usage[] =
         "\n"
         "Configuration: built-in defaults < JSON file (--config or OUTBOX_CONFIG) <\n"
         "OUTBOX_* environment variables < --set flags. `outbox-relay config show` lists\n"
-        "every key with its value and where it came from.\n";
+        "every key with its value and where it came from.\n"
+        "\n"
+        "Named sources (\"sources\" in the file, OUTBOX_SOURCES): run relays from all of\n"
+        "them, status and migrate go through each in turn; --source NAME runs any command\n"
+        "with that source's configuration, and the other commands need it.\n";
 
 typedef int (*command_fn)(const struct config *, int, char **);
 
@@ -198,14 +203,15 @@ static const struct {
 struct command_line {
 	const char **sets; /* --set values, room for argc */
 	size_t nsets;
-	const char *file; /* --config, or NULL */
-	const char *cmd;  /* NULL when none was given */
-	char **rest;      /* the command's words, room for argc */
+	const char *file;   /* --config, or NULL */
+	const char *source; /* --source, or NULL */
+	const char *cmd;    /* NULL when none was given */
+	char **rest;        /* the command's words, room for argc */
 	int nrest;
 };
 
-/* --config and --set may stand anywhere; the first other word is the command and the
- * remaining words belong to it. 0, or 2 (usage) with the reason on stderr. */
+/* --config, --set and --source may stand anywhere; the first other word is the command and
+ * the remaining words belong to it. 0, or 2 (usage) with the reason on stderr. */
 static int parse_command_line(int argc, char **argv, struct command_line *cl)
 {
 	const char *file = NULL, *cmd = NULL;
@@ -215,17 +221,22 @@ static int parse_command_line(int argc, char **argv, struct command_line *cl)
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 
-		if (strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0) {
+		if (strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0 ||
+		    strcmp(a, "--source") == 0) {
 			if (i + 1 >= argc) {
 				fprintf(stderr, "outbox-relay: %s needs a value\n%s", a, usage);
 				return 2;
 			}
 			if (a[2] == 'c')
 				file = argv[++i];
+			else if (a[3] == 'o')
+				cl->source = argv[++i];
 			else
 				cl->sets[nsets++] = argv[++i];
 		} else if (strncmp(a, "--config=", 9) == 0) {
 			file = a + 9;
+		} else if (strncmp(a, "--source=", 9) == 0) {
+			cl->source = a + 9;
 		} else if (strncmp(a, "--set=", 6) == 0) {
 			cl->sets[nsets++] = a + 6;
 		} else if (!cmd && (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)) {
@@ -270,12 +281,54 @@ static struct config *load_config(const struct command_line *cl)
 	return cfg;
 }
 
+/* The named sources' names, "orders, billing", into buf ("none" when there are none). */
+static void source_names(const struct config *cfg, char *buf, size_t n)
+{
+	size_t len = 0;
+
+	snprintf(buf, n, "none");
+	for (size_t i = 0; i < cfg->n_named && len < n; i++)
+		len += (size_t)snprintf(buf + len, n - len, "%s%s", i > 0 ? ", " : "",
+		                        cfg->named[i]->source_name);
+}
+
+/* Which snapshot cmd runs with: --source's, or the whole configuration (run, config,
+ * healthcheck, status and migrate handle several sources; the other commands need one named,
+ * so that no one edits the wrong table). NULL with the reason on stderr (exit 2). */
+static const struct config *command_config_for(const struct config *cfg, const char *source,
+                                               const char *cmd)
+{
+	static const char *const many[] = { "run", "config", "healthcheck", "status", "migrate" };
+	char names[CONFIG_SOURCES_MAX * (CONFIG_SOURCE_NAME_MAX + 2) + 8];
+
+	source_names(cfg, names, sizeof(names));
+	if (source) {
+		for (size_t i = 0; i < cfg->n_named; i++)
+			if (strcmp(cfg->named[i]->source_name, source) == 0)
+				return cfg->named[i];
+		fprintf(stderr, "outbox-relay: --source: no source named '%s' (configured: %s)\n",
+		        source, names);
+		return NULL;
+	}
+	for (size_t i = 0; i < sizeof(many) / sizeof(many[0]); i++)
+		if (strcmp(many[i], cmd) == 0)
+			return cfg;
+	/* When sources are named the top level is no source: the one named is meant. */
+	if (cfg->n_named <= 1)
+		return cfg->n_named == 1 ? cfg->named[0] : cfg;
+	fprintf(stderr,
+	        "outbox-relay: several sources are configured (%s): name one with --source\n",
+	        names);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	struct command_line cl = { 0 };
 	const char *cmd;
 	command_fn fn = NULL;
 	struct config *cfg = NULL;
+	const struct config *run_cfg;
 	int rc = 2;
 
 	cl.sets = calloc((size_t)argc + 1, sizeof(*cl.sets));
@@ -313,9 +366,12 @@ int main(int argc, char **argv)
 	cfg = load_config(&cl);
 	if (!cfg)
 		goto out;
+	/* One log setup for the process (the top level's log.*), whichever source runs. */
 	log_setup((enum log_level)cfg->log_level,
 	          cfg->log_format == CONFIG_LOG_JSON ? LOG_FORMAT_JSON : LOG_FORMAT_TEXT);
-	rc = fn(cfg, cl.nrest, cl.rest);
+	run_cfg = command_config_for(cfg, cl.source, cmd);
+	if (run_cfg)
+		rc = fn(run_cfg, cl.nrest, cl.rest);
 out:
 	config_free(cfg);
 	free(cl.sets);

@@ -46,13 +46,14 @@ static int64_t refresh_gauges(struct maintenance *m)
 		source_disconnect(m->source);
 		return -1;
 	}
-	atomic_store(&g_metrics.pending, st.pending);
-	atomic_store(&g_metrics.leased, st.leased);
-	atomic_store(&g_metrics.dead_rows, st.dead);
-	atomic_store(&g_metrics.published_rows, st.published);
-	atomic_store(&g_metrics.oldest_pending_age_ms, (long long)(st.oldest_pending_age_s * 1000));
-	atomic_store(&g_metrics.blocked_keys, st.blocked_keys);
-	atomic_store(&g_metrics.table_stats_at_ms, clock_wall_ms());
+	atomic_store(&m->relay->metrics.pending, st.pending);
+	atomic_store(&m->relay->metrics.leased, st.leased);
+	atomic_store(&m->relay->metrics.dead_rows, st.dead);
+	atomic_store(&m->relay->metrics.published_rows, st.published);
+	atomic_store(&m->relay->metrics.oldest_pending_age_ms,
+	             (long long)(st.oldest_pending_age_s * 1000));
+	atomic_store(&m->relay->metrics.blocked_keys, st.blocked_keys);
+	atomic_store(&m->relay->metrics.table_stats_at_ms, clock_wall_ms());
 	return clock_mono_ms() - t0;
 }
 
@@ -134,6 +135,7 @@ static void *maintenance_main(void *arg)
 	int64_t next_gauges = 0, next_purge = clock_mono_ms() + 1000, retry_at = 0;
 	int64_t failures = 0;
 
+	log_set_source(m->relay->name);
 	while (!atomic_load(&m->relay->stopping)) {
 		int64_t now = clock_mono_ms(), wait;
 		struct pollfd p = { .fd = m->relay->wake_fd, .events = POLLIN };

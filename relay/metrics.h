@@ -4,6 +4,7 @@
 #ifndef OUTBOX_RELAY_METRICS_H
 #define OUTBOX_RELAY_METRICS_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -53,22 +54,39 @@ struct metrics {
 	atomic_int workers;
 	/* liveness: CLOCK_MONOTONIC ms of each loop's last tick (the oldest counts) */
 	atomic_llong tick_ms[METRICS_MAX_WORKERS];
+	/* The source stopped because something no retry can fix (its loops ended). */
+	atomic_int source_failed;
+	/* The node each worker is connected to, a snapshot published under a lock (strings
+	 * cannot be atomics). */
+	pthread_mutex_t nodes_lock;
+	char nodes[METRICS_MAX_WORKERS][256];
 };
 
-extern struct metrics g_metrics;
+/* One source's metrics as /metrics, /readyz and sd_notify read them: source is its name ("" =
+ * the one unnamed source: no source label), m its metrics; both borrowed. */
+struct metrics_unit {
+	const char *source;
+	struct metrics *m;
+};
 
-/* The broker node worker index is connected to ("host:port"), or NULL/"" when it is not:
+/* Zeroes m and makes its lock; metrics_destroy() undoes it. */
+void metrics_init(struct metrics *m);
+void metrics_destroy(struct metrics *m);
+
+/* The broker node worker index of m is connected to ("host:port"), or NULL/"" when it is not:
  * published for the HTTP thread (outbox_relay_broker_node_info, /readyz). Thread-safe. */
-void metrics_set_broker_node(int index, const char *node);
-/* Copies the node of worker index into buf ("" when none). Thread-safe. */
-void metrics_broker_node(int index, char *buf, size_t n);
+void metrics_set_broker_node(struct metrics *m, int index, const char *node);
+/* Copies the node of worker index of m into buf ("" when none). Thread-safe. */
+void metrics_broker_node(struct metrics *m, int index, char *buf, size_t n);
 
 /* Records one observation in microseconds. */
 void metrics_observe(struct metrics_histogram *h, uint64_t us);
 
-/* Renders the Prometheus text exposition into a new string (free()); NULL on out of memory.
- * version goes into outbox_relay_build_info. */
-char *metrics_render(const char *version);
+/* Renders the Prometheus text exposition of units[0..n) into a new string (free()); NULL on
+ * out of memory. Each family's HELP and TYPE come once, then one series per unit, labelled
+ * source="<name>" first when the units are named (units[0].source not ""). version goes into
+ * outbox_relay_build_info. units are borrowed. */
+char *metrics_render(const struct metrics_unit *units, size_t n, const char *version);
 
 /* Bucket upper bounds in seconds (for render and tests). */
 extern const double metrics_bucket_bounds_s[METRICS_BUCKETS];

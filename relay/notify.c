@@ -1,5 +1,5 @@
-/* The sd_notify side of the relay (see notify.h). Everything it says comes from g_metrics,
- * which the loops keep up to date. The protocol is systemd's documented one (sd_notify(3),
+/* The sd_notify side of the relay (see notify.h). Everything it says comes from the sources'
+ * metrics, which the loops keep up to date. The protocol is systemd's documented one (sd_notify(3),
  * "the notification socket"): one datagram of newline-separated assignments to the AF_UNIX
  * socket named by NOTIFY_SOCKET, a path or, after '@', a name in the abstract namespace.
  * Written here rather than linked from libsystemd, which brings six more libraries (gcrypt,
@@ -28,6 +28,8 @@ static struct {
 	socklen_t addr_len;
 	bool ready;
 	int64_t stale_after_ms;
+	const struct metrics_unit *units; /* borrowed, from notify_setup() */
+	size_t n_units;
 	int64_t watchdog_ms; /* 0 = no watchdog */
 	int64_t next_ping_ms;
 	int64_t status_at_ms;
@@ -113,68 +115,146 @@ static int64_t watchdog_ms(void)
 	return (int64_t)(v / 1000);
 }
 
-void notify_setup(int64_t stale_after_ms)
+void notify_setup(int64_t stale_after_ms, const struct metrics_unit *units, size_t n_units)
 {
 	memset(&g_notify, 0, sizeof(g_notify));
 	g_notify.enabled =
 	        socket_address(getenv("NOTIFY_SOCKET"), &g_notify.addr, &g_notify.addr_len);
 	g_notify.stale_after_ms = stale_after_ms;
+	g_notify.units = units;
+	g_notify.n_units = n_units;
 	if (g_notify.enabled) {
 		snprintf(g_notify.socket, sizeof(g_notify.socket), "%s", getenv("NOTIFY_SOCKET"));
 		g_notify.watchdog_ms = watchdog_ms();
 	}
 }
 
-/* Every loop connected to both ends (what /readyz calls ready). */
-static bool all_connected(int workers)
+static bool unit_failed(const struct metrics_unit *u)
 {
-	return workers > 0 && atomic_load(&g_metrics.db_up) == workers &&
-	       atomic_load(&g_metrics.broker_up) == workers;
+	return atomic_load(&u->m->source_failed) != 0;
 }
 
-/* Every loop has ticked within the /healthz bound: none is stuck. */
-static bool all_ticking(int workers, int64_t now)
+/* Every loop of m connected to both ends (what /readyz calls ready). */
+static bool connected(struct metrics *m)
 {
-	for (int i = 0; i < workers && i < METRICS_MAX_WORKERS; i++) {
-		if (now - atomic_load(&g_metrics.tick_ms[i]) > g_notify.stale_after_ms)
+	int workers = atomic_load(&m->workers);
+
+	return workers > 0 && atomic_load(&m->db_up) == workers &&
+	       atomic_load(&m->broker_up) == workers;
+}
+
+/* Every source that has not failed is connected, and one at least has not failed. */
+static bool all_connected(void)
+{
+	size_t alive = 0;
+
+	for (size_t i = 0; i < g_notify.n_units; i++) {
+		if (unit_failed(&g_notify.units[i]))
+			continue;
+		if (!connected(g_notify.units[i].m))
 			return false;
+		alive++;
+	}
+	return alive > 0;
+}
+
+/* Every loop of every source that has not failed has ticked within the /healthz bound: none
+ * is stuck. */
+static bool all_ticking(int64_t now)
+{
+	for (size_t k = 0; k < g_notify.n_units; k++) {
+		struct metrics *m = g_notify.units[k].m;
+		int workers = atomic_load(&m->workers);
+
+		if (unit_failed(&g_notify.units[k]))
+			continue;
+		for (int i = 0; i < workers && i < METRICS_MAX_WORKERS; i++)
+			if (now - atomic_load(&m->tick_ms[i]) > g_notify.stale_after_ms)
+				return false;
 	}
 	return true;
 }
 
-/* "database and broker connected (broker 10.0.0.5:5672); 1234 published; 12 pending". */
-static void status_text(int workers, char *buf, size_t n)
+/* "; 1234 published; 12 pending" summed over the sources, at buf + len. */
+static void add_counts(char *buf, size_t len, size_t n)
 {
+	unsigned long long published = 0;
+	long long pending = 0;
+	bool known = false;
+
+	for (size_t i = 0; i < g_notify.n_units; i++) {
+		struct metrics *m = g_notify.units[i].m;
+
+		published += atomic_load(&m->published);
+		if (atomic_load(&m->table_stats_at_ms) != 0) {
+			known = true;
+			pending += atomic_load(&m->pending);
+		}
+	}
+	if (len < n)
+		len += (size_t)snprintf(buf + len, n - len, "; %llu published", published);
+	if (len < n && known)
+		snprintf(buf + len, n - len, "; %lld pending", pending);
+}
+
+/* Named sources: "sources: 2 of 3 ready, 1 failed (billing)". */
+static size_t sources_text(char *buf, size_t n)
+{
+	size_t ready = 0, failed = 0, len;
+	const char *first_failed = NULL;
+
+	for (size_t i = 0; i < g_notify.n_units; i++) {
+		if (unit_failed(&g_notify.units[i])) {
+			failed++;
+			first_failed = first_failed ? first_failed : g_notify.units[i].source;
+		} else if (connected(g_notify.units[i].m)) {
+			ready++;
+		}
+	}
+	len = (size_t)snprintf(buf, n, "sources: %zu of %zu ready", ready, g_notify.n_units);
+	if (failed > 0 && len < n)
+		len += (size_t)snprintf(buf + len, n - len, ", %zu failed (%s%s)", failed,
+		                        first_failed, failed > 1 ? ", ..." : "");
+	return len;
+}
+
+/* "database and broker connected (broker 10.0.0.5:5672); 1234 published; 12 pending". */
+static void status_text(char *buf, size_t n)
+{
+	const struct metrics_unit *u = g_notify.units;
+	int workers;
 	char node[128];
 	size_t len;
 
-	metrics_broker_node(0, node, sizeof(node));
-	if (all_connected(workers))
+	if (g_notify.n_units == 0) {
+		snprintf(buf, n, "no relay loop running");
+		return;
+	}
+	if (u[0].source && u[0].source[0]) {
+		add_counts(buf, sources_text(buf, n), n);
+		return;
+	}
+	workers = atomic_load(&u->m->workers);
+	metrics_broker_node(u->m, 0, node, sizeof(node));
+	if (connected(u->m))
 		len = (size_t)snprintf(buf, n, "connected to the database and the broker%s%s%s",
 		                       node[0] ? " (" : "", node, node[0] ? ")" : "");
 	else
 		len = (size_t)snprintf(buf, n, "connecting: database %s, broker %s",
-		                       atomic_load(&g_metrics.db_up) == workers ? "up" : "down",
-		                       atomic_load(&g_metrics.broker_up) == workers ? "up"
-		                                                                    : "down");
-	if (len < n)
-		len += (size_t)snprintf(buf + len, n - len, "; %llu published",
-		                        (unsigned long long)atomic_load(&g_metrics.published));
-	if (len < n && atomic_load(&g_metrics.table_stats_at_ms) != 0)
-		snprintf(buf + len, n - len, "; %lld pending",
-		         (long long)atomic_load(&g_metrics.pending));
+		                       atomic_load(&u->m->db_up) == workers ? "up" : "down",
+		                       atomic_load(&u->m->broker_up) == workers ? "up" : "down");
+	add_counts(buf, len, n);
 }
 
 void notify_tick(void)
 {
-	int workers = atomic_load(&g_metrics.workers);
 	int64_t now = clock_mono_ms();
 	char status[512], msg[600];
 
 	if (!g_notify.enabled)
 		return;
-	status_text(workers, status, sizeof(status));
-	if (!g_notify.ready && all_connected(workers)) {
+	status_text(status, sizeof(status));
+	if (!g_notify.ready && all_connected()) {
 		/* Ready once rows can move; systemd holds units ordered after us until then. */
 		g_notify.ready = true;
 		snprintf(msg, sizeof(msg), "READY=1\nSTATUS=%s", status);
@@ -192,7 +272,7 @@ void notify_tick(void)
 	}
 	/* The watchdog is fed only while every loop ticks: a stuck loop makes systemd restart
 	 * the relay (WatchdogSec=), as /healthz would make an orchestrator do. */
-	if (g_notify.watchdog_ms > 0 && now >= g_notify.next_ping_ms && all_ticking(workers, now)) {
+	if (g_notify.watchdog_ms > 0 && now >= g_notify.next_ping_ms && all_ticking(now)) {
 		notify_send("WATCHDOG=1");
 		g_notify.next_ping_ms = now + g_notify.watchdog_ms / 2;
 	}

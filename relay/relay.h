@@ -1,5 +1,6 @@
-/* What the relay threads share: the configuration snapshot, the stop flag and the self-pipe
- * that wakes every waiting thread at once. */
+/* What one source's relay threads share (a unit: one per named source, or the one unnamed
+ * source): its configuration snapshot, its metrics, its stop flag and the self-pipe that wakes
+ * every one of its waiting threads at once. */
 #ifndef OUTBOX_RELAY_RELAY_H
 #define OUTBOX_RELAY_RELAY_H
 
@@ -8,6 +9,7 @@
 #include <stdbool.h>
 
 #include "config/config.h"
+#include "relay/metrics.h"
 #include "store/store.h"
 
 /* Shutdown is bounded (relay.shutdown_timeout + 1 s at most from the signal to the exit):
@@ -18,20 +20,34 @@
 
 struct relay {
 	const struct config *cfg; /* borrowed, immutable */
-	atomic_int stopping;      /* set once by the signal handler */
+	/* The source's name (cfg->source_name, borrowed): "" for the one unnamed source. */
+	const char *name;
+	/* This source's counters and state, read by the HTTP thread and the main loop. */
+	struct metrics metrics;
+	/* Set once by the signal handler (every unit at once), or by relay_fail() for this
+	 * unit alone. */
+	atomic_int stopping;
 	/* CLOCK_MONOTONIC ms (0 = none): set by the signal handler before it writes the
 	 * self-pipe, so a wait that wakes on the pipe finds its deadline. */
 	atomic_llong abort_at_ms;
 	atomic_llong db_deadline_ms;
-	/* A loop found something no retry can fix and stopped the relay: exit status 1. */
+	/* A loop found something no retry can fix and stopped this unit (relay_fail()): exit
+	 * status 1 at the end. */
 	atomic_int failed;
-	/* Read end of the self-pipe. It is written once on shutdown and never drained, so it
-	 * stays readable and every poll() that includes it returns at once. */
+	/* Read end of the unit's self-pipe. It is written once on shutdown (and when the unit
+	 * fails) and never drained, so it stays readable and every poll() that includes it
+	 * returns at once. */
 	int wake_fd;
+	int wake_wr; /* its write end */
 	/* A loop found the table without this version's wake-up trigger and said so: once a
 	 * process, not once a loop or a reconnect. */
 	atomic_int wakeup_said;
 };
+
+/* A loop of r found something no retry can fix: marks r failed (said once by the caller) and
+ * stops it. The one unnamed source stops the process, as a signal would; a named source stops
+ * alone, its threads end, and the others go on. Thread-safe. */
+void relay_fail(struct relay *r);
 
 /* The store options every connection of this relay uses, from the configuration (borrowed:
  * cfg must outlive them): admin for the CLI, the maintenance loop and the shutdown's release

@@ -56,7 +56,7 @@ static void cycle(struct worker *w, const struct source_batch *b)
 		w->res[i].error[0] = '\0';
 		w->res[i].confirm_us = 0;
 	}
-	atomic_fetch_add_explicit(&g_metrics.claimed, b->n, memory_order_relaxed);
+	atomic_fetch_add_explicit(&w->relay->metrics.claimed, b->n, memory_order_relaxed);
 	broker_set_batch_deadline(w->broker, b->deadline_ms);
 
 	brc = broker_publish(w->broker, b->rows, b->n, w->res);
@@ -144,6 +144,7 @@ void *worker_main(void *arg)
 	struct worker *w = arg;
 	int rc;
 
+	log_set_source(w->relay->name);
 	worker_tick(w);
 	worker_loop(w);
 
@@ -168,9 +169,9 @@ void *worker_main(void *arg)
 		        "exiting with confirmed rows unmarked; they will be published again after "
 		        "their lease");
 	if (w->db.up)
-		atomic_fetch_sub_explicit(&g_metrics.db_up, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&w->relay->metrics.db_up, 1, memory_order_relaxed);
 	if (w->mq.up)
-		atomic_fetch_sub_explicit(&g_metrics.broker_up, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&w->relay->metrics.broker_up, 1, memory_order_relaxed);
 	w->db.up = w->mq.up = false;
 	broker_disconnect(w->broker);
 	source_disconnect(w->source);
@@ -194,7 +195,7 @@ struct worker *worker_new(struct relay *r, int index)
 
 	relay_store_options(cfg, r, false, w->app_name, &w->sopts.store);
 	/* A long wait that is still working keeps /healthz at 200. */
-	w->sopts.store.progress_ms = &g_metrics.tick_ms[index];
+	w->sopts.store.progress_ms = &w->relay->metrics.tick_ms[index];
 	w->sopts.kind = cfg->relay_source == CONFIG_SOURCE_CURSOR ? SOURCE_CURSOR : SOURCE_LEASE;
 	w->sopts.confirm_timeout_ms = cfg->amqp_confirm_timeout_ms;
 	w->sopts.poll_interval_ms = cfg->relay_poll_interval_ms;
@@ -212,7 +213,7 @@ struct worker *worker_new(struct relay *r, int index)
 	w->bopts.connection_name = w->app_name;
 	w->bopts.abort_at_ms = &r->abort_at_ms;
 	w->bopts.wake_fd = r->wake_fd;
-	w->bopts.progress_ms = &g_metrics.tick_ms[index];
+	w->bopts.progress_ms = &w->relay->metrics.tick_ms[index];
 
 	w->source = source_new(&w->sopts);
 	w->broker = broker_new(&w->bopts);

@@ -2,7 +2,6 @@
  * reconnect backoff, and waiting on both (relay/worker_private.h). */
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -94,20 +93,20 @@ bool worker_ensure_db(struct worker *w)
 			          "new rows are found by polling: run 'outbox-relay migrate'",
 			          LOG_STR("table", w->cfg->database_table),
 			          LOG_MS("poll_interval", w->cfg->relay_poll_interval_ms));
-		endpoint_up(w, &w->db, &g_metrics.db_up, "database", source_server(w->source));
+		endpoint_up(w, &w->db, &w->relay->metrics.db_up, "database",
+		            source_server(w->source));
 		return true;
 	}
 	if (rc == STORE_ERR_UNSUPPORTED) {
-		/* No retry can fix this connection: say so once and stop the relay (exit 1). */
+		/* No retry can fix this connection: say so once and stop the source (exit 1). */
 		log_event(LOG_ERROR, w->component, "cannot relay through this database connection",
 		          LOG_STR("error", source_errmsg(w->source)));
-		atomic_store(&w->relay->failed, 1);
-		(void)raise(SIGTERM);
+		relay_fail(w->relay);
 		return false;
 	}
 	if (rc == STORE_ERR_ABORTED)
 		return false; /* stopping */
-	endpoint_down(w, &w->db, &g_metrics.db_up, "database", source_errmsg(w->source));
+	endpoint_down(w, &w->db, &w->relay->metrics.db_up, "database", source_errmsg(w->source));
 	return false;
 }
 
@@ -123,18 +122,18 @@ bool worker_ensure_broker(struct worker *w)
 	if (rc == BROKER_OK) {
 		const char *node = broker_node(w->broker);
 
-		endpoint_up(w, &w->mq, &g_metrics.broker_up, "broker", node);
+		endpoint_up(w, &w->mq, &w->relay->metrics.broker_up, "broker", node);
 		/* Another node than last time: the cluster failed over (or we spread out). */
 		if (w->node[0] && strcmp(w->node, node) != 0)
-			atomic_fetch_add_explicit(&g_metrics.broker_failovers, 1,
+			atomic_fetch_add_explicit(&w->relay->metrics.broker_failovers, 1,
 			                          memory_order_relaxed);
 		snprintf(w->node, sizeof(w->node), "%s", node);
-		metrics_set_broker_node(w->index, node);
+		metrics_set_broker_node(&w->relay->metrics, w->index, node);
 		return true;
 	}
 	if (rc == BROKER_ERR_ABORTED)
 		return false; /* stopping */
-	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
+	endpoint_down(w, &w->mq, &w->relay->metrics.broker_up, "broker", broker_errmsg(w->broker));
 	return false;
 }
 
@@ -150,7 +149,8 @@ void worker_db_failed(struct worker *w, int rc)
 			          LOG_STR("error", source_errmsg(w->source)));
 			return;
 		}
-		endpoint_down(w, &w->db, &g_metrics.db_up, "database", source_errmsg(w->source));
+		endpoint_down(w, &w->db, &w->relay->metrics.db_up, "database",
+		              source_errmsg(w->source));
 		return;
 	}
 	/* The connection is alive but the statement failed (lock timeout, constraint, a DBA
@@ -158,7 +158,7 @@ void worker_db_failed(struct worker *w, int rc)
 	log_event(LOG_ERROR, w->component, "database statement failed, will retry",
 	          LOG_STR("doing", doing), LOG_STR("error", source_errmsg(w->source)));
 	source_disconnect(w->source);
-	endpoint_down(w, &w->db, &g_metrics.db_up, "database", source_errmsg(w->source));
+	endpoint_down(w, &w->db, &w->relay->metrics.db_up, "database", source_errmsg(w->source));
 }
 
 /* in_batch: rows were waiting for confirms, and have been released by the caller. */
@@ -180,7 +180,7 @@ void worker_broker_failed(struct worker *w, int rc, bool in_batch)
 		log_event(LOG_WARN, w->component,
 		          "broker did not confirm the batch, unconfirmed rows released",
 		          LOG_STR("reason", why), LOG_STR("error", broker_errmsg(w->broker)));
-	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", broker_errmsg(w->broker));
+	endpoint_down(w, &w->mq, &w->relay->metrics.broker_up, "broker", broker_errmsg(w->broker));
 }
 
 /* ---- waiting ---- */
@@ -262,5 +262,5 @@ bool worker_wait(struct worker *w, int64_t deadline_ms)
 void worker_broker_back_off(struct worker *w, const char *why)
 {
 	broker_disconnect(w->broker);
-	endpoint_down(w, &w->mq, &g_metrics.broker_up, "broker", why);
+	endpoint_down(w, &w->mq, &w->relay->metrics.broker_up, "broker", why);
 }

@@ -48,7 +48,7 @@ static void log_failure(struct worker *w, const struct outbox_row *row,
 	if (row->ordering_key && w->cfg->relay_ordering == CONFIG_ORDERING_SKIP_DEAD) {
 		log_event(LOG_ERROR, w->component, "dead row set aside, its ordering key moves on",
 		          LOG_STR("ordering_key", row->ordering_key), LOG_STR("id", row->id));
-		atomic_fetch_add_explicit(&g_metrics.skipped_dead, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&w->relay->metrics.skipped_dead, 1, memory_order_relaxed);
 	}
 }
 
@@ -105,9 +105,10 @@ void worker_classify(struct worker *w, const struct source_batch *b, struct sett
 			st->n_pub++;
 			/* A row made pending by `outbox-relay replay` carries its header. */
 			if (outbox_row_replayed(r))
-				atomic_fetch_add_explicit(&g_metrics.replayed, 1,
+				atomic_fetch_add_explicit(&w->relay->metrics.replayed, 1,
 				                          memory_order_relaxed);
-			metrics_observe(&g_metrics.confirm_latency, (uint64_t)res->confirm_us);
+			metrics_observe(&w->relay->metrics.confirm_latency,
+			                (uint64_t)res->confirm_us);
 			break;
 		case BROKER_PENDING:
 			f->outcome = SOURCE_RELEASED;
@@ -127,10 +128,12 @@ void worker_classify(struct worker *w, const struct source_batch *b, struct sett
 			                      : backoff_ms(cfg->relay_retry_backoff_min_ms,
 			                                   cfg->relay_retry_backoff_max_ms,
 			                                   attempts > 0 ? attempts : 1, &w->seed);
-			atomic_fetch_add_explicit(&g_metrics.failed[fail_reason(res->outcome)], 1,
-			                          memory_order_relaxed);
+			atomic_fetch_add_explicit(
+			        &w->relay->metrics.failed[fail_reason(res->outcome)], 1,
+			        memory_order_relaxed);
 			if (f->dead)
-				atomic_fetch_add_explicit(&g_metrics.dead, 1, memory_order_relaxed);
+				atomic_fetch_add_explicit(&w->relay->metrics.dead, 1,
+				                          memory_order_relaxed);
 			log_failure(w, r, res, f, attempts,
 			            f->uncounted && st->quiet_nacks ? LOG_DEBUG : LOG_WARN);
 			break;
@@ -163,11 +166,12 @@ void worker_nacked_most(struct worker *w, const struct source_batch *x, const st
 
 static void on_marked(void *arg, size_t rows, int64_t batch_us)
 {
-	(void)arg;
+	struct worker *w = arg;
+
 	/* A row not hit was taken over by another relay after its lease ran out (it will be
 	 * published and marked there): counted once, by whoever marked it. */
-	atomic_fetch_add_explicit(&g_metrics.published, rows, memory_order_relaxed);
-	metrics_observe(&g_metrics.batch_duration, (uint64_t)batch_us);
+	atomic_fetch_add_explicit(&w->relay->metrics.published, rows, memory_order_relaxed);
+	metrics_observe(&w->relay->metrics.batch_duration, (uint64_t)batch_us);
 }
 
 static void on_repaid(void *arg, size_t marked, size_t no_longer_ours)
@@ -176,7 +180,7 @@ static void on_repaid(void *arg, size_t marked, size_t no_longer_ours)
 
 	log_event(LOG_INFO, w->component, "marked rows confirmed while the database was away",
 	          LOG_UINT("rows", marked), LOG_UINT("no_longer_ours", no_longer_ours));
-	atomic_fetch_add_explicit(&g_metrics.published, marked, memory_order_relaxed);
+	atomic_fetch_add_explicit(&w->relay->metrics.published, marked, memory_order_relaxed);
 }
 
 /* Rows a fetch leased but its batch could not hold: handed back at once, or recorded dead
@@ -191,9 +195,9 @@ static void on_unheld(void *arg, size_t cut, size_t refused, const char *first_i
 		          "message is dead, an operator must requeue or discard it",
 		          LOG_STR("id", first_id), LOG_STR("error", error),
 		          LOG_UINT("rows", refused));
-		atomic_fetch_add_explicit(&g_metrics.failed[METRICS_FAIL_INVALID], refused,
+		atomic_fetch_add_explicit(&w->relay->metrics.failed[METRICS_FAIL_INVALID], refused,
 		                          memory_order_relaxed);
-		atomic_fetch_add_explicit(&g_metrics.dead, refused, memory_order_relaxed);
+		atomic_fetch_add_explicit(&w->relay->metrics.dead, refused, memory_order_relaxed);
 	}
 	if (cut)
 		log_event(LOG_WARN, w->component,
@@ -203,8 +207,9 @@ static void on_unheld(void *arg, size_t cut, size_t refused, const char *first_i
 
 static void on_released(void *arg, size_t rows)
 {
-	(void)arg;
-	atomic_fetch_add_explicit(&g_metrics.released, rows, memory_order_relaxed);
+	struct worker *w = arg;
+
+	atomic_fetch_add_explicit(&w->relay->metrics.released, rows, memory_order_relaxed);
 }
 
 static void on_lead(void *arg, bool leading, int64_t position)

@@ -16,7 +16,7 @@
 #include "store/source/source.h"
 
 struct endpoint_state {
-	bool up;          /* counted in g_metrics */
+	bool up;          /* counted in the unit's metrics */
 	int64_t failures; /* consecutive failed attempts */
 	/* Failures since the endpoint last did useful work (a claim answered, a batch
 	 * confirmed), which sets the reconnect backoff. Connecting alone does not end a streak:
@@ -52,7 +52,8 @@ struct worker {
 
 static inline void worker_tick(struct worker *w)
 {
-	atomic_store_explicit(&g_metrics.tick_ms[w->index], clock_mono_ms(), memory_order_relaxed);
+	atomic_store_explicit(&w->relay->metrics.tick_ms[w->index], clock_mono_ms(),
+	                      memory_order_relaxed);
 }
 
 /* worker_endpoints.c */

@@ -14,6 +14,17 @@
 #include "relay/http.h"
 #include "relay/metrics.h"
 
+/* The one unnamed source, as `run` has it without named sources. */
+static struct metrics g_metrics;
+static struct metrics_unit g_unit = { .source = "", .m = &g_metrics };
+
+static void setup(void)
+{
+	metrics_init(&g_metrics);
+}
+
+TestSuite(http, .init = setup);
+
 /* Asks the kernel for a free port by binding to port 0, then frees it for the server. */
 static int free_port(void)
 {
@@ -67,7 +78,7 @@ static struct http_server *start(int *port, int64_t stale_ms)
 
 	*port = free_port();
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", *port);
-	h = http_start(listen, stale_ms, "9.9.9", err, sizeof(err));
+	h = http_start(listen, stale_ms, "9.9.9", &g_unit, 1, err, sizeof(err));
 	cr_assert_not_null(h, "http_start: %s", err);
 	return h;
 }
@@ -203,7 +214,7 @@ Test(http, all_addresses_listener)
 	struct http_server *h;
 
 	snprintf(listen, sizeof(listen), ":%d", port);
-	h = http_start(listen, 1000, "v", err, sizeof(err));
+	h = http_start(listen, 1000, "v", &g_unit, 1, err, sizeof(err));
 	cr_assert_not_null(h, "http_start: %s", err);
 	cr_assert_eq(http_get_status(listen, "/nope", 2000, err, sizeof(err)), 404, "%s", err);
 	http_stop(h);
@@ -216,21 +227,21 @@ Test(http, bad_addresses_are_reported)
 	struct http_server *h = start(&port, 1000), *h2;
 
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
-	h2 = http_start(listen, 1000, "v", err, sizeof(err));
+	h2 = http_start(listen, 1000, "v", &g_unit, 1, err, sizeof(err));
 	cr_assert_null(h2);
 	cr_assert_not_null(strstr(err, "in use"), "got: %s", err);
 	http_stop(h);
 	/* Stopping closes the listening socket: the port can be taken again at once. */
-	h = http_start(listen, 1000, "v", err, sizeof(err));
+	h = http_start(listen, 1000, "v", &g_unit, 1, err, sizeof(err));
 	cr_assert_not_null(h, "port still held after http_stop: %s", err);
 	http_stop(h);
 
-	cr_assert_null(http_start("127.0.0.1", 1000, "v", err, sizeof(err)));
+	cr_assert_null(http_start("127.0.0.1", 1000, "v", &g_unit, 1, err, sizeof(err)));
 	cr_assert_not_null(strstr(err, "127.0.0.1"), "got: %s", err);
-	cr_assert_null(http_start("127.0.0.1:70000", 1000, "v", err, sizeof(err)));
+	cr_assert_null(http_start("127.0.0.1:70000", 1000, "v", &g_unit, 1, err, sizeof(err)));
 	cr_assert_not_null(strstr(err, "port"), "got: %s", err);
-	cr_assert_null(http_start("::1:8787", 1000, "v", err, sizeof(err)));
-	cr_assert_null(http_start("", 1000, "v", err, sizeof(err)));
+	cr_assert_null(http_start("::1:8787", 1000, "v", &g_unit, 1, err, sizeof(err)));
+	cr_assert_null(http_start("", 1000, "v", &g_unit, 1, err, sizeof(err)));
 	cr_assert_eq(http_get_status("nonsense", "/", 100, err, sizeof(err)), -1);
 	http_stop(NULL);
 }
@@ -250,8 +261,75 @@ Test(http, ipv6_loopback_in_brackets)
 	}
 	close(fd);
 	snprintf(listen, sizeof(listen), "[::1]:%d", port);
-	h = http_start(listen, 1000, "v", err, sizeof(err));
+	h = http_start(listen, 1000, "v", &g_unit, 1, err, sizeof(err));
 	cr_assert_not_null(h, "http_start: %s", err);
 	cr_assert_eq(http_get_status(listen, "/metrics", 2000, err, sizeof(err)), 200, "%s", err);
 	http_stop(h);
+}
+
+/* Named sources: /readyz is 200 only when every source is ready and names each one's state on
+ * a line; /healthz ignores a failed source's ended loops but not a stale one's; /metrics
+ * labels each source's series. */
+Test(http, named_sources_answer_per_source)
+{
+	struct metrics billing;
+	struct metrics_unit units[2] = { { "orders", &g_metrics }, { "billing", &billing } };
+	char listen[64], err[256] = "", *resp;
+	struct http_server *h;
+	int port = free_port();
+
+	metrics_init(&billing);
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
+	h = http_start(listen, 1000, "v", units, 2, err, sizeof(err));
+	cr_assert_not_null(h, "http_start: %s", err);
+	atomic_store(&g_metrics.workers, 1);
+	atomic_store(&g_metrics.db_up, 1);
+	atomic_store(&g_metrics.broker_up, 1);
+	atomic_store(&g_metrics.tick_ms[0], clock_mono_ms());
+	metrics_set_broker_node(&g_metrics, 0, "mq1:5672");
+	atomic_store(&billing.workers, 1);
+	atomic_store(&billing.broker_up, 1);
+	atomic_store(&billing.tick_ms[0], clock_mono_ms());
+
+	resp = request(port, "GET", "/readyz");
+	cr_assert_eq(strncmp(resp + 9, "503", 3), 0, "got: %s", resp);
+	cr_assert_str_eq(body_of(resp), "orders ready, broker mq1:5672\n"
+	                                "billing not ready: database not connected\n");
+	free(resp);
+
+	atomic_store(&billing.db_up, 1);
+	resp = request(port, "GET", "/readyz");
+	cr_assert_eq(strncmp(resp + 9, "200", 3), 0, "got: %s", resp);
+	cr_assert_str_eq(body_of(resp), "orders ready, broker mq1:5672\nbilling ready\n");
+	free(resp);
+
+	resp = request(port, "GET", "/healthz");
+	cr_assert_eq(strncmp(resp + 9, "200", 3), 0, "got: %s", resp);
+	free(resp);
+	atomic_store(&billing.tick_ms[0], clock_mono_ms() - 5000);
+	resp = request(port, "GET", "/healthz");
+	cr_assert_eq(strncmp(resp + 9, "503", 3), 0, "got: %s", resp);
+	cr_assert_not_null(strstr(body_of(resp), "billing: worker 0 stale"), "got: %s", resp);
+	free(resp);
+
+	/* Failed: its loops ended on purpose; not ready, but not a reason to restart. */
+	atomic_store(&billing.source_failed, 1);
+	resp = request(port, "GET", "/healthz");
+	cr_assert_eq(strncmp(resp + 9, "200", 3), 0, "got: %s", resp);
+	free(resp);
+	resp = request(port, "GET", "/readyz");
+	cr_assert_eq(strncmp(resp + 9, "503", 3), 0, "got: %s", resp);
+	cr_assert_not_null(strstr(body_of(resp), "billing failed: "), "got: %s", resp);
+	free(resp);
+
+	atomic_fetch_add(&billing.published, 3);
+	resp = request(port, "GET", "/metrics");
+	cr_assert_not_null(
+	        strstr(body_of(resp), "\noutbox_relay_published_total{source=\"billing\"} 3\n"),
+	        "got: %s", resp);
+	cr_assert_not_null(
+	        strstr(body_of(resp), "\noutbox_relay_published_total{source=\"orders\"} 0\n"));
+	free(resp);
+	http_stop(h);
+	metrics_destroy(&billing);
 }

@@ -16,6 +16,10 @@
 #include "relay/metrics.h"
 #include "tests/support/http_probe.h"
 
+/* The one unnamed source, as `run` has it without named sources. */
+static struct metrics g_metrics;
+static struct metrics_unit g_unit = { .source = "", .m = &g_metrics };
+
 #define SLOW_CLIENTS 40
 /* Generous bounds that only stop a hang: the server's deadlines are a few seconds. */
 #define CLOSE_BOUND_MS   30000
@@ -136,8 +140,9 @@ static struct http_server *start(char *listen, size_t size)
 	struct http_server *h;
 
 	snprintf(listen, size, "127.0.0.1:%d", probe_free_port());
+	metrics_init(&g_metrics);
 	/* A liveness limit far beyond the test: /healthz answers 200 as long as it answers. */
-	h = http_start(listen, 600000, "9.9.9", err, sizeof(err));
+	h = http_start(listen, 600000, "9.9.9", &g_unit, 1, err, sizeof(err));
 	cr_assert_not_null(h, "http_start: %s", err);
 	atomic_store(&g_metrics.workers, 1);
 	atomic_store(&g_metrics.tick_ms[0], clock_mono_ms());

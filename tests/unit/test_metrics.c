@@ -7,6 +7,23 @@
 
 #include "relay/metrics.h"
 
+/* The one unnamed source most tests render, as `run` has it without named sources. */
+static struct metrics g_metrics;
+
+static void setup(void)
+{
+	metrics_init(&g_metrics);
+}
+
+TestSuite(metrics, .init = setup);
+
+static char *render_one(const char *version)
+{
+	struct metrics_unit u = { .source = "", .m = &g_metrics };
+
+	return metrics_render(&u, 1, version);
+}
+
 /* Finds the sample line "name value" (name may carry labels) and returns its value text. */
 static const char *sample(const char *text, const char *name, char *buf, size_t n)
 {
@@ -57,7 +74,7 @@ Test(metrics, counters_render_their_values)
 	atomic_fetch_add(&g_metrics.dead, 3);
 	atomic_fetch_add(&g_metrics.claimed, 11);
 	atomic_fetch_add(&g_metrics.released, 4);
-	text = metrics_render("1.2.3");
+	text = render_one("1.2.3");
 	cr_assert_not_null(text);
 
 	assert_described(text, "outbox_relay_published_total", "counter");
@@ -86,7 +103,7 @@ Test(metrics, histogram_buckets_are_cumulative)
 	metrics_observe(&g_metrics.batch_duration, 3000000);
 	metrics_observe(&g_metrics.batch_duration, 20000000);
 	metrics_observe(&g_metrics.confirm_latency, 42000);
-	text = metrics_render("v");
+	text = render_one("v");
 	cr_assert_not_null(text);
 
 	assert_described(text, "outbox_relay_batch_duration_seconds", "histogram");
@@ -120,7 +137,7 @@ Test(metrics, bucket_bounds_match_the_contract)
 
 Test(metrics, table_gauges_wait_for_the_first_refresh)
 {
-	char *text = metrics_render("v");
+	char *text = render_one("v");
 
 	cr_assert_not_null(text);
 	cr_assert_null(strstr(text, "outbox_relay_pending_rows"), "gauge before any refresh");
@@ -135,7 +152,7 @@ Test(metrics, table_gauges_wait_for_the_first_refresh)
 	atomic_store(&g_metrics.oldest_pending_age_ms, 61500);
 	atomic_store(&g_metrics.blocked_keys, 1);
 	atomic_store(&g_metrics.table_stats_at_ms, 1700000000000LL);
-	text = metrics_render("v");
+	text = render_one("v");
 	cr_assert_not_null(text);
 	assert_described(text, "outbox_relay_pending_rows", "gauge");
 	assert_sample(text, "outbox_relay_pending_rows", "120");
@@ -153,7 +170,7 @@ Test(metrics, connection_state_needs_every_worker)
 {
 	char *text;
 
-	text = metrics_render("v");
+	text = render_one("v");
 	cr_assert_not_null(text);
 	assert_sample(text, "outbox_relay_database_up", "0");
 	assert_sample(text, "outbox_relay_broker_up", "0");
@@ -163,7 +180,7 @@ Test(metrics, connection_state_needs_every_worker)
 	atomic_store(&g_metrics.workers, 2);
 	atomic_store(&g_metrics.db_up, 2);
 	atomic_store(&g_metrics.broker_up, 1);
-	text = metrics_render("v");
+	text = render_one("v");
 	cr_assert_not_null(text);
 	assert_sample(text, "outbox_relay_database_up", "1");
 	assert_sample(text, "outbox_relay_broker_up", "0");
@@ -173,9 +190,87 @@ Test(metrics, connection_state_needs_every_worker)
 
 Test(metrics, build_info_label_is_escaped)
 {
-	char *text = metrics_render("1.0 \"beta\"\\x");
+	char *text = render_one("1.0 \"beta\"\\x");
 
 	cr_assert_not_null(text);
 	assert_sample(text, "outbox_relay_build_info{version=\"1.0 \\\"beta\\\"\\\\x\"}", "1");
+	free(text);
+}
+
+/* Count of non-overlapping occurrences of needle in text. */
+static size_t count_of(const char *text, const char *needle)
+{
+	size_t n = 0;
+
+	for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+		n++;
+	return n;
+}
+
+/* Named sources: each family described once, then one series per source with the source
+ * label first; each source's own counters, gauges and nodes. */
+Test(metrics, named_sources_render_one_labelled_series_each)
+{
+	struct metrics billing;
+	struct metrics_unit u[2] = { { "orders", &g_metrics }, { "billing", &billing } };
+	char *text;
+
+	metrics_init(&billing);
+	atomic_fetch_add(&g_metrics.published, 7);
+	atomic_fetch_add(&billing.published, 2);
+	atomic_fetch_add(&billing.failed[METRICS_FAIL_UNROUTABLE], 5);
+	metrics_observe(&g_metrics.batch_duration, 300);
+	atomic_store(&billing.pending, 40);
+	atomic_store(&billing.table_stats_at_ms, 1700000000000LL);
+	atomic_store(&g_metrics.workers, 1);
+	atomic_store(&g_metrics.db_up, 1);
+	atomic_store(&g_metrics.broker_up, 1);
+	atomic_store(&billing.workers, 2);
+	atomic_store(&billing.source_failed, 1);
+	metrics_set_broker_node(&g_metrics, 0, "mq1:5672");
+	text = metrics_render(u, 2, "v");
+	cr_assert_not_null(text);
+
+	cr_assert_eq(count_of(text, "# TYPE outbox_relay_published_total "), 1);
+	cr_assert_eq(count_of(text, "# HELP outbox_relay_batch_duration_seconds "), 1);
+	assert_sample(text, "outbox_relay_published_total{source=\"orders\"}", "7");
+	assert_sample(text, "outbox_relay_published_total{source=\"billing\"}", "2");
+	assert_sample(text, "outbox_relay_failed_total{source=\"billing\",reason=\"unroutable\"}",
+	              "5");
+	assert_sample(text, "outbox_relay_failed_total{source=\"orders\",reason=\"unroutable\"}",
+	              "0");
+	assert_sample(text,
+	              "outbox_relay_batch_duration_seconds_bucket{source=\"orders\",le=\"0.0005\"}",
+	              "1");
+	assert_sample(text, "outbox_relay_batch_duration_seconds_count{source=\"billing\"}", "0");
+	/* Only the source whose table was read has gauges. */
+	assert_sample(text, "outbox_relay_pending_rows{source=\"billing\"}", "40");
+	cr_assert_null(strstr(text, "outbox_relay_pending_rows{source=\"orders\"}"));
+	assert_sample(text, "outbox_relay_database_up{source=\"orders\"}", "1");
+	assert_sample(text, "outbox_relay_database_up{source=\"billing\"}", "0");
+	assert_sample(text, "outbox_relay_workers{source=\"billing\"}", "2");
+	assert_sample(text, "outbox_relay_source_failed{source=\"billing\"}", "1");
+	assert_sample(text, "outbox_relay_source_failed{source=\"orders\"}", "0");
+	assert_sample(text, "outbox_relay_broker_node_info{source=\"orders\",node=\"mq1:5672\"}",
+	              "1");
+	/* Every sample line of a source family is labelled. */
+	cr_assert_null(strstr(text, "\noutbox_relay_published_total "));
+	cr_assert_eq(count_of(text, "outbox_relay_build_info{"), 1);
+	free(text);
+	metrics_destroy(&billing);
+}
+
+/* One unnamed source renders no source label at all (the form before named sources). */
+Test(metrics, unnamed_source_has_no_source_label)
+{
+	char *text;
+
+	metrics_set_broker_node(&g_metrics, 0, "mq1:5672");
+	atomic_store(&g_metrics.workers, 1);
+	text = render_one("v");
+	cr_assert_not_null(text);
+	cr_assert_null(strstr(text, "source="), "%s", text);
+	cr_assert_null(strstr(text, "outbox_relay_source_failed"));
+	assert_sample(text, "outbox_relay_broker_node_info{node=\"mq1:5672\"}", "1");
 	free(text);
 }
