@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <libpq-fe.h>
 
 #include "tests/support/fixture.h"
 #include "tests/support/http_probe.h"
@@ -18,6 +21,7 @@
 #define READY_TIMEOUT_MS    60000
 #define EXIT_TIMEOUT_MS     30000
 #define ROWS                300
+#define PGBOUNCER           "/usr/sbin/pgbouncer"
 
 /* The environment of a relay with two sources, orders on a's table and billing on b's (or on
  * a database nobody listens on, when billing_url is given), /metrics on listen. */
@@ -261,6 +265,120 @@ Test(sources_run, a_refused_source_fails_alone, .timeout = 300)
 	cr_assert_eq(harness_relay_stop(r, SIGTERM, EXIT_TIMEOUT_MS), 1,
 	             "a run with a failed source must exit 1");
 	harness_relay_free(r);
+	fixture_teardown(&b);
+	fixture_teardown(&a);
+}
+
+/* ---- a source that fails at run time: behind a transaction-pooling PgBouncer ---- */
+/* (The same PgBouncer set-up as tests/integration/test_pooler.c, trimmed to one mode.) */
+
+struct bouncer {
+	struct harness_relay *proc; /* killed at the test's exit whatever happens */
+	char dir[128];
+	char url[256]; /* conninfo through the pooler */
+};
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	cr_assert_not_null(f, "cannot write %s", path);
+	fputs(text, f);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(chmod(path, 0644), 0);
+}
+
+static bool bouncer_accepts(void *arg)
+{
+	struct bouncer *b = arg;
+	PGconn *c = PQconnectdb(b->url);
+	bool ok = PQstatus(c) == CONNECTION_OK;
+
+	PQfinish(c);
+	return ok;
+}
+
+/* PgBouncer in transaction pooling in front of the test server, which the relay refuses (it
+ * LISTENs and keeps session settings). It refuses to run as root, so it drops to postgres. */
+static void bouncer_start(struct bouncer *b)
+{
+	char ini[160], users[160], text[1024];
+	int port = probe_free_port();
+
+	cr_assert(access(PGBOUNCER, X_OK) == 0, PGBOUNCER " is missing (tests/install-deps.sh)");
+	snprintf(b->dir, sizeof(b->dir), "/tmp/outbox-pgbouncer-XXXXXX");
+	cr_assert_not_null(mkdtemp(b->dir));
+	cr_assert_eq(chmod(b->dir, 0755), 0);
+	snprintf(ini, sizeof(ini), "%s/pgbouncer.ini", b->dir);
+	snprintf(users, sizeof(users), "%s/users.txt", b->dir);
+	write_file(users, "\"postgres\" \"\"\n");
+	snprintf(text, sizeof(text),
+	         "[databases]\n* = host=127.0.0.1 port=%s\n[pgbouncer]\nlisten_addr = 127.0.0.1\n"
+	         "listen_port = %d\nunix_socket_dir =\nauth_type = trust\nauth_file = %s\n"
+	         "pool_mode = transaction\nmax_client_conn = 200\ndefault_pool_size = 20\n"
+	         "server_reset_query = DISCARD ALL\n"
+	         "ignore_startup_parameters = extra_float_digits\n",
+	         harness_require_env("RELAY_TEST_PG_PORT"), port, users);
+	write_file(ini, text);
+	b->proc = harness_program_start(
+	        PGBOUNCER, (const char *const[]){ "-u", "postgres", ini, NULL }, NULL, "pgbouncer");
+	snprintf(b->url, sizeof(b->url),
+	         "host=127.0.0.1 port=%d user=postgres dbname=postgres connect_timeout=5", port);
+	if (!harness_wait_until(bouncer_accepts, b, 20000)) {
+		harness_relay_dump_log(b->proc);
+		cr_assert_fail("pgbouncer did not accept connections on port %d", port);
+	}
+}
+
+static void bouncer_stop(struct bouncer *b)
+{
+	char path[200];
+
+	harness_relay_free(b->proc);
+	snprintf(path, sizeof(path), "%s/pgbouncer.ini", b->dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/users.txt", b->dir);
+	unlink(path);
+	rmdir(b->dir);
+}
+
+/* billing's loop meets what no retry can fix (a transaction pooler) after the start: billing
+ * stops alone, said once; orders relays on, rows inserted after billing failed included;
+ * /readyz names billing failed; SIGTERM ends the process with status 1. */
+Test(sources_run, a_source_that_cannot_relay_stops_alone, .timeout = 300)
+{
+	struct fixture a, b;
+	struct bouncer pool;
+	struct env e;
+	char listen[64];
+	struct harness_relay *r;
+
+	fixture_setup(&a, "src_going", NULL);
+	fixture_setup(&b, "src_pooled", &(struct fixture_options){ .no_consumer = true });
+	bouncer_start(&pool);
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
+	r = harness_relay_start(a.table, two_sources(&e, &a, &b, pool.url, listen), NULL);
+
+	cr_assert(harness_relay_wait_log(r, "source stopped on an error no retry can fix",
+	                                 READY_TIMEOUT_MS));
+	cr_assert(harness_relay_wait_log(r,
+	                                 "component=worker1 source=billing msg=\"cannot relay "
+	                                 "through this database connection\"",
+	                                 1000));
+	harness_insert_rows(a.pg, a.table, ROWS, a.exchange, "orders.created", "orders", NULL,
+	                    NULL);
+	fixture_expect_unique(&a, a.cons, ROWS, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(ready_is(listen, 503, "billing failed") &&
+	                     ready_is(listen, 503, "orders ready"),
+	             READY_TIMEOUT_MS);
+	cr_assert(ready_is(listen, 503, "billing failed"));
+	cr_assert(ready_is(listen, 503, "orders ready"));
+	cr_assert(metric_is(listen, "outbox_relay_source_failed{source=\"billing\"}", 1));
+	cr_assert_eq(harness_relay_log_count(r, "source stopped on an error no retry can fix"), 1);
+	cr_assert_eq(harness_relay_stop(r, SIGTERM, EXIT_TIMEOUT_MS), 1,
+	             "a run with a failed source must exit 1");
+	harness_relay_free(r);
+	bouncer_stop(&pool);
 	fixture_teardown(&b);
 	fixture_teardown(&a);
 }
