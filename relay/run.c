@@ -145,21 +145,25 @@ static int install_signals(void)
 	return sigaction(SIGPIPE, &sa, NULL);
 }
 
-static void log_config(const struct config *cfg)
+static void log_config(const struct config *cfg, bool named)
 {
 	/* The effective configuration on one line, secrets redacted: the first thing an operator
-	 * reads when asking "what is it running with?". */
-	size_t n = config_key_count();
+	 * reads when asking "what is it running with?". A named source's line leaves out the
+	 * process-wide keys, which only the top level has. */
+	size_t n = config_key_count(), k = 0;
 	const char **kv = calloc(2 * n, sizeof(*kv));
 	char *vals = calloc(n, 256);
 
 	if (kv && vals) {
 		for (size_t i = 0; i < n; i++) {
-			config_value_text(cfg, i, vals + i * 256, 256);
-			kv[2 * i] = config_key_name(i);
-			kv[2 * i + 1] = vals + i * 256;
+			if (named && config_key_process_wide(i))
+				continue;
+			config_value_text(cfg, i, vals + k * 256, 256);
+			kv[2 * k] = config_key_name(i);
+			kv[2 * k + 1] = vals + k * 256;
+			k++;
 		}
-		log_event_kv(LOG_INFO, "config", "effective configuration", kv, n);
+		log_event_kv(LOG_INFO, "config", "effective configuration", kv, k);
 	}
 	free(kv);
 	free(vals);
@@ -424,7 +428,7 @@ static void log_start(const struct config *top, struct unit *units, size_t n)
 		          LOG_STR("broker", mq), LOG_INT("workers", cfg->relay_workers),
 		          LOG_INT("batch_size", cfg->relay_batch_size),
 		          LOG_STR("http", top->http_listen));
-		log_config(cfg);
+		log_config(cfg, cfg->source_name[0] != '\0');
 		log_set_source(NULL);
 	}
 }
