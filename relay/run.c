@@ -538,6 +538,15 @@ static bool any_running(struct unit *units, size_t n)
 	return false;
 }
 
+/* The line for a named source that failed while running (once, after its loops ended). */
+static void say_failed(struct unit *u)
+{
+	log_set_source(u->r.name);
+	log_event(LOG_ERROR, "relay",
+	          "source stopped on an error no retry can fix, the other sources go on");
+	log_set_source(NULL);
+}
+
 /* A named source that stopped alone (it failed): once its loops have ended, reaped and said
  * once; the others go on. */
 static void reap_failed(struct unit *units, size_t n)
@@ -548,10 +557,7 @@ static void reap_failed(struct unit *units, size_t n)
 		if (u->reaped || !atomic_load(&u->r.stopping) || !crew_finished(u))
 			continue;
 		reap_unit(u);
-		log_set_source(u->r.name);
-		log_event(LOG_ERROR, "relay",
-		          "source stopped on an error no retry can fix, the other sources go on");
-		log_set_source(NULL);
+		say_failed(u);
 	}
 }
 
@@ -595,8 +601,14 @@ static void stop_units(struct unit *units, size_t n)
 		if (!all)
 			(void)poll(NULL, 0, 20);
 	} while (!all);
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
+		bool said = units[i].reaped;
+
 		reap_unit(&units[i]);
+		/* The last source to fail ends serve() before it could say so. */
+		if (!said && units[i].r.name[0] && atomic_load(&units[i].r.failed))
+			say_failed(&units[i]);
+	}
 }
 
 /* Opens the units of cfg: the named sources, or cfg itself as the one unnamed source. Fills
