@@ -23,15 +23,16 @@
 #define ROWS                300
 #define PGBOUNCER           "/usr/sbin/pgbouncer"
 
-/* The environment of a relay with two sources, orders on a's table and billing on b's (or on
- * a database nobody listens on, when billing_url is given), /metrics on listen. */
+/* The environment of a relay with two sources, orders on a's table and billing on b's, /metrics
+ * on listen; billing_extra (NULL: none) is one more of billing's variables, such as a
+ * database.url or amqp.url where nobody listens. */
 struct env {
 	char v[8][300];
 	const char *p[9];
 };
 
 static const char *const *two_sources(struct env *e, const struct fixture *a,
-                                      const struct fixture *b, const char *billing_url,
+                                      const struct fixture *b, const char *billing_extra,
                                       const char *listen)
 {
 	size_t n = 0;
@@ -42,9 +43,8 @@ static const char *const *two_sources(struct env *e, const struct fixture *a,
 	snprintf(e->v[n++], sizeof(e->v[0]), "OUTBOX_SOURCES_BILLING_DATABASE_TABLE=%s", b->table);
 	snprintf(e->v[n++], sizeof(e->v[0]), "OUTBOX_SOURCES_BILLING_DATABASE_CHANNEL=%s",
 	         b->table);
-	if (billing_url)
-		snprintf(e->v[n++], sizeof(e->v[0]), "OUTBOX_SOURCES_BILLING_DATABASE_URL=%s",
-		         billing_url);
+	if (billing_extra)
+		snprintf(e->v[n++], sizeof(e->v[0]), "%s", billing_extra);
 	snprintf(e->v[n++], sizeof(e->v[0]), "OUTBOX_HTTP_LISTEN=%s", listen ? listen : "");
 	snprintf(e->v[n++], sizeof(e->v[0]), "OUTBOX_RELAY_POLL_INTERVAL=200ms");
 	for (size_t i = 0; i < n; i++)
@@ -213,7 +213,9 @@ Test(sources_run, a_source_down_does_not_stall_the_other, .timeout = 300)
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
 	harness_insert_rows(a.pg, a.table, ROWS, a.exchange, "orders.created", "orders", NULL,
 	                    NULL);
-	r = start(&a, two_sources(&e, &a, &b, "postgresql://127.0.0.1:1/none?connect_timeout=2",
+	r = start(&a, two_sources(&e, &a, &b,
+	                          "OUTBOX_SOURCES_BILLING_DATABASE_URL="
+	                          "postgresql://127.0.0.1:1/none?connect_timeout=2",
 	                          listen));
 
 	fixture_expect_unique(&a, a.cons, ROWS, DELIVERY_TIMEOUT_MS);
@@ -226,6 +228,40 @@ Test(sources_run, a_source_down_does_not_stall_the_other, .timeout = 300)
 	cr_assert(metric_is(listen, "outbox_relay_database_up{source=\"orders\"}", 1));
 	cr_assert(harness_relay_wait_log(r, "source=billing msg=\"could not connect, will retry\"",
 	                                 READY_TIMEOUT_MS));
+	cr_assert_eq(harness_relay_stop(r, SIGTERM, EXIT_TIMEOUT_MS), 0);
+	fixture_teardown(&b);
+	fixture_teardown(&a);
+}
+
+/* A source whose broker cannot be reached stalls no other either. */
+Test(sources_run, a_source_without_broker_does_not_stall_the_other, .timeout = 300)
+{
+	struct fixture a, b;
+	struct env e;
+	char listen[64], url[200];
+	struct harness_relay *r;
+
+	fixture_setup(&a, "src_mq_up", NULL);
+	fixture_setup(&b, "src_mq_down", &(struct fixture_options){ .no_consumer = true });
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
+	harness_insert_rows(a.pg, a.table, ROWS, a.exchange, "orders.created", "orders", NULL,
+	                    NULL);
+	harness_insert_rows(b.pg, b.table, 10, "amq.topic", "billing.created", "billing", NULL,
+	                    NULL);
+	snprintf(url, sizeof(url),
+	         "OUTBOX_SOURCES_BILLING_AMQP_URL=amqp://guest:guest@127.0.0.1:%d",
+	         probe_free_port());
+	r = start(&a, two_sources(&e, &a, &b, url, listen));
+
+	fixture_expect_unique(&a, a.cons, ROWS, DELIVERY_TIMEOUT_MS);
+	HARNESS_WAIT(ready_is(listen, 503, "billing not ready: broker not connected") &&
+	                     ready_is(listen, 503, "orders ready"),
+	             READY_TIMEOUT_MS);
+	cr_assert(ready_is(listen, 503, "orders ready"));
+	cr_assert(ready_is(listen, 503, "billing not ready: broker not connected"));
+	cr_assert(metric_is(listen, "outbox_relay_broker_up{source=\"billing\"}", 0));
+	cr_assert(metric_is(listen, "outbox_relay_published_total{source=\"billing\"}", 0));
+	cr_assert_eq(harness_unpublished_count(b.pg, b.table), 10, "billing published nothing");
 	cr_assert_eq(harness_relay_stop(r, SIGTERM, EXIT_TIMEOUT_MS), 0);
 	fixture_teardown(&b);
 	fixture_teardown(&a);
@@ -350,14 +386,15 @@ Test(sources_run, a_source_that_cannot_relay_stops_alone, .timeout = 300)
 	struct fixture a, b;
 	struct bouncer pool;
 	struct env e;
-	char listen[64];
+	char listen[64], url[320];
 	struct harness_relay *r;
 
 	fixture_setup(&a, "src_going", NULL);
 	fixture_setup(&b, "src_pooled", &(struct fixture_options){ .no_consumer = true });
 	bouncer_start(&pool);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", probe_free_port());
-	r = harness_relay_start(a.table, two_sources(&e, &a, &b, pool.url, listen), NULL);
+	snprintf(url, sizeof(url), "OUTBOX_SOURCES_BILLING_DATABASE_URL=%s", pool.url);
+	r = harness_relay_start(a.table, two_sources(&e, &a, &b, url, listen), NULL);
 
 	cr_assert(harness_relay_wait_log(r, "source stopped on an error no retry can fix",
 	                                 READY_TIMEOUT_MS));
