@@ -49,6 +49,9 @@ struct bench_options {
 	/* relay.purge_interval for every relay run; NULL = the relay's default (a measurement
 	 * of retention sets it for its own runs) */
 	const char *purge_interval;
+	/* history's tables: bit 0 plain, bit 1 partitioned (--history; both by default), so
+	 * that two runs on servers of their own can take one each at once */
+	unsigned history_tables;
 	long load_rate;   /* the load run's rows/s (0 = half the relay's, see load.c) */
 	long load_batch;  /* the load run's rows per commit (0 = 1) */
 	unsigned sources; /* bit (1u << enum bench_source) for each source to measure */

@@ -13,7 +13,8 @@
  * fifth of that and purging every thirtieth: the table's size at each tenth of the way, and the
  * WAL per row of everything together (the producer's inserts, the marks, the purge).
  * A partitioned table gets ten partitions of history (`migrate --partitioned --partition-rows`
- * a tenth of the rows). */
+ * a tenth of the rows). --history plain|partitioned measures one kind alone: two runs, each
+ * on servers of its own (bench/run starts them), can then measure both at once. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -293,6 +294,14 @@ void measure_history(struct bench *b)
 	/* The lease source: its claim walks the pending index, its mark writes published_at,
 	 * which is what retention reads. */
 	b->source = BENCH_LEASE;
+	if (b->opt.history_tables != 3u) {
+		/* One kind alone (--history): its lines, no ratios. */
+		bool parted = b->opt.history_tables == 2u;
+
+		if (one_table(b, parted, n, parted ? &part : &plain) == 0)
+			(void)steady(b, parted, parted ? &spart : &splain);
+		goto out;
+	}
 	if (one_table(b, false, n, &plain) != 0 || one_table(b, true, n, &part) != 0)
 		goto out;
 	bench_set(b, "history_plain_rate", plain.rate);

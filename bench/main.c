@@ -233,6 +233,7 @@ static void usage(FILE *out)
 	fputs("usage: outbox-bench [--quick] [--only NAME[,NAME...]] [--source lease|cursor|both]\n"
 	      "                    [--topology shared|split-cores|broker-core] [--relay PATH]\n"
 	      "                    [--rows N] [--backlog N] [--seconds S] [--workers N]\n"
+	      "                    [--history plain|partitioned|both]\n"
 	      "                    [--batch N] [--retention D] [--load-rate R] [--load-batch N]\n"
 	      "  NAME: ",
 	      out);
@@ -354,6 +355,7 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 	long rows = 0, backlog = 0, secs = 0;
 
 	o->retention = "30d";
+	o->history_tables = 3u;
 	o->sources = 1u << BENCH_LEASE | 1u << BENCH_CURSOR;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -391,6 +393,11 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 			i++;
 		} else if (strcmp(a, "--load-batch") == 0 && v &&
 		           parse_long(v, 1, 1000, &o->load_batch) == 0) {
+			i++;
+		} else if (strcmp(a, "--history") == 0 && v &&
+		           (strcmp(v, "plain") == 0 || strcmp(v, "partitioned") == 0 ||
+		            strcmp(v, "both") == 0)) {
+			o->history_tables = v[0] == 'p' ? (v[1] == 'l' ? 1u : 2u) : 3u;
 			i++;
 		} else if (strcmp(a, "--retention") == 0 && v && v[0] && strlen(v) < 32) {
 			/* relay.retention as the relay reads it; the relay refuses a bad one. */
