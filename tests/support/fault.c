@@ -119,7 +119,7 @@ static bool produce_chunk(struct fault_producer *p, PGconn *c, size_t from, size
 	         "INSERT INTO %s (id, exchange_name, routing_key, body)"
 	         " SELECT '%s-' || lpad(g::text, 7, '0'), '%s', 'fault.produced',"
 	         " '{\"n\":' || g || '}' FROM generate_series(%zu, %zu) g"
-	         " ON CONFLICT (id) DO NOTHING",
+	         " ON CONFLICT DO NOTHING", /* no (id) target: a partitioned table has none */
 	         p->table, p->prefix, p->exchange, from, from + n - 1);
 	res = PQexec(c, sql);
 	ok = PQresultStatus(res) == PGRES_COMMAND_OK;
