@@ -82,27 +82,10 @@ int proc_command(struct bench *b, const char *what, const char *table, const cha
 
 int proc_migrate(struct bench *b, const char *what, const char *table)
 {
-	/* `migrate` reports on stdout; the benchmark's own output stays readable. */
-	int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
-	pid_t pid;
-	int st;
+	const char *const args[] = { "migrate", NULL };
 
-	if (devnull < 0) {
-		bench_fail(b, what, "/dev/null: %s", strerror(errno));
-		return -1;
-	}
-	pid = spawn_relay(b, what, "migrate", table, devnull);
-	close(devnull);
-	if (pid < 0)
-		return -1;
-	st = process_wait(pid, 60000, NULL);
-	if (st == -1)
-		process_kill(pid);
-	if (st != 0) {
-		bench_fail(b, what, "outbox-relay migrate failed (status %d)", st);
-		return -1;
-	}
-	return 0;
+	/* `migrate` reports on stdout; the benchmark's own output stays readable. */
+	return proc_command(b, what, table, args, 60000);
 }
 
 int proc_relay_start(struct bench *b, struct proc_relay *rp, const char *what, const char *table)
