@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <amqp.h>
 #include <amqp_framing.h>
 
@@ -15,27 +14,6 @@
 #include "bench/mq.h"
 
 #define LIMIT_WINDOW 1000 /* publishes in flight */
-
-/* Counts the confirms of one ack or nack frame into acked/confirmed; floor_tag is the highest
- * tag below which every publish is confirmed (where a multiple=true confirm starts). */
-static void count_confirm(uint64_t tag, bool multiple, long sent, unsigned char *acked,
-                          long *confirmed, long *floor_tag, long n)
-{
-	if (tag > (uint64_t)sent)
-		return;
-	if (multiple) {
-		for (long t = *floor_tag + 1; t <= (long)tag; t++)
-			if (!acked[t]) {
-				acked[t] = 1;
-				(*confirmed)++;
-			}
-	} else if (!acked[tag]) {
-		acked[tag] = 1;
-		(*confirmed)++;
-	}
-	while (*floor_tag < n && acked[*floor_tag + 1])
-		(*floor_tag)++;
-}
 
 void measure_limit(struct bench *b)
 {
@@ -66,13 +44,7 @@ void measure_limit(struct bench *b)
 		goto out;
 	}
 	memset(body, 'x', sizeof(body));
-	/* The properties the relay sets on every row (DESIGN §5), so both carry the same. */
-	memset(&p, 0, sizeof(p));
-	p._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-	           AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
-	p.content_type = amqp_cstring_bytes("application/json");
-	p.delivery_mode = 2;
-	p.timestamp = (uint64_t)time(NULL);
+	mq_relay_properties(&p);
 	cpu_sample(&ca, 0);
 	t0 = bench_mono_us();
 	deadline = t0 + (60 + n / 500) * 1000000LL;
@@ -113,14 +85,14 @@ void measure_limit(struct bench *b)
 		if (f.payload.method.id == AMQP_BASIC_ACK_METHOD) {
 			amqp_basic_ack_t *a = f.payload.method.decoded;
 
-			count_confirm(a->delivery_tag, a->multiple, sent, acked, &confirmed,
-			              &floor_tag, n);
+			mq_count_confirm(a->delivery_tag, a->multiple, sent, acked, &confirmed,
+			                 &floor_tag, n);
 		} else if (f.payload.method.id == AMQP_BASIC_NACK_METHOD) {
 			amqp_basic_nack_t *a = f.payload.method.decoded;
 
 			nacked++;
-			count_confirm(a->delivery_tag, a->multiple, sent, acked, &confirmed,
-			              &floor_tag, n);
+			mq_count_confirm(a->delivery_tag, a->multiple, sent, acked, &confirmed,
+			                 &floor_tag, n);
 		} else {
 			bench_fail(b, what, "unexpected method 0x%08x from the broker",
 			           f.payload.method.id);

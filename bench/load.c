@@ -2,7 +2,10 @@
  * by default) at a fixed total rate of rows (half the relay's measured maximum) on an absolute
  * schedule for phase_s seconds, and the time from each row's commit returning to the consumer's
  * receipt (p50/p95/p99/max). Several rows a commit let the rate be held where single-row
- * commits would cost the database more than the machine has. */
+ * commits would cost the database more than the machine has. Then the same load once more with
+ * no relay (bench/direct.h publishes each commit's rows as it returns): the floor, what the
+ * machine gives at that rate before any relay's work, and the database's CPU for the
+ * producers' inserts alone. */
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -15,6 +18,7 @@
 #include "bench/bench.h"
 #include "bench/cpu.h"
 #include "bench/db.h"
+#include "bench/direct.h"
 #include "bench/latency.h"
 #include "bench/mq.h"
 #include "bench/proc.h"
@@ -38,8 +42,9 @@ struct load_producer {
 	atomic_int *go;    /* 0 wait, 1 run (t0_ns set), 2 stop */
 	atomic_int *ready; /* producers connected (or failed) */
 	const int64_t *t0_ns;
-	int64_t *commit_us; /* by row: bench_mono_us() when the commit returned; 0 = not sent */
-	int64_t *rtt_us;    /* by row: the commit's round trip, send -> return */
+	int64_t *commit_us;    /* by row: bench_mono_us() when the commit returned; 0 = not sent */
+	int64_t *rtt_us;       /* by row: the commit's round trip, send -> return */
+	struct direct *direct; /* the stand-in publisher (no relay runs), or NULL */
 	long commits;
 	int64_t last_us; /* when its last commit returned */
 	char err[256];
@@ -97,6 +102,8 @@ static void *producer_main(void *arg)
 			pr->commit_us[first + j] = pr->last_us;
 			pr->rtt_us[first + j] = pr->last_us - sent;
 		}
+		if (pr->direct)
+			direct_push(pr->direct, first, pr->batch);
 		pr->commits++;
 	}
 out:
@@ -126,17 +133,18 @@ static double load_rate(const struct bench *b, char *why, size_t len)
 	return BENCH_LOAD_RATE_DFLT;
 }
 
-void measure_load(struct bench *b)
+/* One stretch of load at rate: the relay (d NULL) or the stand-in publisher (direct.h)
+ * carries the producers' rows to the consumer. Prints its lines; the relay's stretch sets the
+ * load figures, the stand-in's the floor's. */
+static void load_stretch(struct bench *b, double rate, const char *why, long batch, bool direct)
 {
 	const char *what = b->what, *table = "bench_load";
-	char why[96];
-	double rate = load_rate(b, why, sizeof(why)), achieved;
-	long batch = b->opt.load_batch > 0 ? b->opt.load_batch : 1;
 	long rows = ((long)llround(rate * b->opt.phase_s) + batch - 1) / batch * batch;
 	long committed = 0, commits = 0, got, n = 0;
 	PGconn *c = NULL;
 	struct consumer *k = NULL;
 	struct proc_relay rp = { 0 };
+	struct direct *d = NULL;
 	struct latency lat;
 	struct load_producer pr[LOAD_PRODUCERS];
 	struct cpu_sample ca, cz;
@@ -145,7 +153,8 @@ void measure_load(struct bench *b)
 	int64_t last_us = 0, deadline;
 	atomic_int go, ready;
 	int started = 0;
-	double p50, p95, p99, r50, r99;
+	double achieved, p50, p95, p99, r50, r99;
+	char err[256], label[96];
 
 	memset(pr, 0, sizeof(pr));
 	atomic_init(&go, 0);
@@ -170,7 +179,11 @@ void measure_load(struct bench *b)
 	if (db_table_fresh(b, c, what, table) != 0 || mq_fresh_queue(b, what, table) != 0 ||
 	    mq_consume(b, what, table, latency_on_delivery, &lat, &k) != 0)
 		goto out;
-	if (proc_relay_start(b, &rp, what, table) != 0)
+	if (direct && !(d = direct_start(b, table, rows, err, sizeof(err)))) {
+		bench_fail(b, what, "the stand-in publisher: %s", err);
+		goto out;
+	}
+	if (!direct && proc_relay_start(b, &rp, what, table) != 0)
 		goto out;
 	for (; started < LOAD_PRODUCERS; started++) {
 		struct load_producer *p = &pr[started];
@@ -186,6 +199,7 @@ void measure_load(struct bench *b)
 		p->t0_ns = &t0_ns;
 		p->commit_us = commit_us;
 		p->rtt_us = rtt_us;
+		p->direct = d;
 		if (pthread_create(&p->thread, NULL, producer_main, p) != 0) {
 			bench_fail(b, what, "could not start producer threads");
 			atomic_store(&go, 2);
@@ -196,8 +210,9 @@ void measure_load(struct bench *b)
 	while (atomic_load(&ready) < LOAD_PRODUCERS && bench_mono_us() < deadline)
 		bench_sleep_ms(5);
 	/* Let the relay connect and go idle, as the idle run does; the load then wakes it. */
-	bench_sleep_ms(2000);
-	if (!proc_relay_alive(b, &rp, what)) {
+	if (!direct)
+		bench_sleep_ms(2000);
+	if (!direct && !proc_relay_alive(b, &rp, what)) {
 		atomic_store(&go, 2);
 		goto join;
 	}
@@ -230,8 +245,17 @@ join:
 	}
 	got = latency_wait(&lat, committed, LOAD_DRAIN_MS, LOAD_QUIET_MS);
 	cpu_sample(&cz, rp.pid);
-	if (!proc_relay_alive(b, &rp, what) || mq_consumer_check(b, k, what) != 0)
+	if ((!direct && !proc_relay_alive(b, &rp, what)) || mq_consumer_check(b, k, what) != 0)
 		goto out;
+	if (direct) {
+		int rc = direct_stop(d, LOAD_QUIET_MS, err, sizeof(err));
+
+		d = NULL;
+		if (rc != 0) {
+			bench_fail(b, what, "the stand-in publisher: %s", err);
+			goto out;
+		}
+	}
 	if (got < committed) {
 		bench_fail(b, what, "only %ld of %ld committed rows delivered (none for %d s)", got,
 		           committed, LOAD_QUIET_MS / 1000);
@@ -256,6 +280,22 @@ join:
 	p99 = latency_pct_ms(v, n, 99);
 	r50 = latency_pct_ms(rv, n, 50);
 	r99 = latency_pct_ms(rv, n, 99);
+	cpu_cost(&ca, &cz, committed, &cost);
+	if (direct) {
+		bench_set(b, "load_floor_p50_ms", p50);
+		bench_set(b, "load_floor_p99_ms", p99);
+		bench_set(b, "load_floor_pg_us", cost.pg_us);
+		printf("%s: the same load with no relay, the bench publishing each commit's rows "
+		       "as "
+		       "it returns (confirm mode, %ld rows at %.0f rows/s achieved, %ld "
+		       "delivered): "
+		       "commit -> consumer receive: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max "
+		       "%.2f ms: the floor at this rate on this machine\n",
+		       what, committed, achieved, got, p50, p95, p99, (double)v[n - 1] / 1000.0);
+		snprintf(label, sizeof(label), "%s (no relay)", what);
+		cpu_print(label, &cost, true);
+		goto out;
+	}
 	bench_set(b, "load_rate", achieved);
 	bench_set(b, "load_p50_ms", p50);
 	bench_set(b, "load_p99_ms", p99);
@@ -267,11 +307,12 @@ join:
 	printf("%s: commit -> consumer receive: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max "
 	       "%.2f ms (target p99 <= 10 ms: %s)\n",
 	       what, p50, p95, p99, (double)v[n - 1] / 1000.0, p99 <= 10.0 ? "met" : "MISSED");
-	cpu_cost(&ca, &cz, committed, &cost);
 	cpu_print(what, &cost, true);
 	/* The producers' inserts included: the sources differ by what the relay adds to them. */
 	bench_set(b, "load_pg_us", cost.pg_us);
 out:
+	if (d)
+		(void)direct_stop(d, 0, err, sizeof(err));
 	proc_relay_stop(b, &rp, what);
 	consumer_stop(k);
 	db_table_drop(c, table);
@@ -281,4 +322,29 @@ out:
 	free(rtt_us);
 	free(v);
 	free(rv);
+}
+
+/* The relay under the load, then the same load with no relay at all: what is left of the
+ * latency when the relay's own work is taken away (the producers, the broker and the consumer
+ * share the machine as before). A target the floor itself misses cannot be met by any relay on
+ * this machine at this rate. */
+void measure_load(struct bench *b)
+{
+	char why[96];
+	double rate = load_rate(b, why, sizeof(why));
+	long batch = b->opt.load_batch > 0 ? b->opt.load_batch : 1;
+
+	double with, alone;
+
+	load_stretch(b, rate, why, batch, false);
+	if (bench_interrupted())
+		return;
+	load_stretch(b, rate, why, batch, true);
+	with = bench_get(b, "load_pg_us");
+	alone = bench_get(b, "load_floor_pg_us");
+	if (!isnan(with) && !isnan(alone))
+		printf("%s: PostgreSQL CPU the relay added at this rate: %.1f us a message (%.1f "
+		       "with "
+		       "it, %.1f for the producers' inserts alone)\n",
+		       b->what, with - alone, with, alone);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 
@@ -32,6 +33,35 @@ const char *mq_reply_text(amqp_rpc_reply_t r, char *buf, size_t len)
 		snprintf(buf, len, "unexpected reply %d", (int)r.reply_type);
 	}
 	return buf;
+}
+
+void mq_relay_properties(amqp_basic_properties_t *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->_flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+	            AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
+	p->content_type = amqp_cstring_bytes("application/json");
+	p->delivery_mode = 2;
+	p->timestamp = (uint64_t)time(NULL);
+}
+
+void mq_count_confirm(uint64_t tag, bool multiple, long sent, unsigned char *acked, long *confirmed,
+                      long *floor_tag, long n)
+{
+	if (tag > (uint64_t)sent)
+		return;
+	if (multiple) {
+		for (long t = *floor_tag + 1; t <= (long)tag; t++)
+			if (!acked[t]) {
+				acked[t] = 1;
+				(*confirmed)++;
+			}
+	} else if (!acked[tag]) {
+		acked[tag] = 1;
+		(*confirmed)++;
+	}
+	while (*floor_tag < n && acked[*floor_tag + 1])
+		(*floor_tag)++;
 }
 
 amqp_connection_state_t mq_open(const struct bench *b, char *err, size_t errlen)

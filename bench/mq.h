@@ -4,7 +4,9 @@
 #ifndef OUTBOX_BENCH_MQ_H
 #define OUTBOX_BENCH_MQ_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <amqp.h>
 
 #include "bench/bench.h"
@@ -19,6 +21,16 @@ void mq_close(amqp_connection_state_t c);
 const char *mq_reply_text(amqp_rpc_reply_t r, char *buf, size_t len);
 /* The broker's "version" server property into out; out unchanged when there is none. */
 void mq_server_version(amqp_connection_state_t c, char *out, size_t outlen);
+
+/* The properties the relay sets on every row (DESIGN §5): content type, persistent, a
+ * timestamp; message_id is the caller's to set per message. */
+void mq_relay_properties(amqp_basic_properties_t *p);
+/* Counts the confirms of one basic.ack or basic.nack frame (tag, multiple) of a channel that
+ * has sent `sent` of at most n publishes: acked[1..n] marks each tag confirmed, *confirmed
+ * counts them, *floor_tag is the highest tag up to which every publish is confirmed (where a
+ * multiple=true confirm starts). */
+void mq_count_confirm(uint64_t tag, bool multiple, long sent, unsigned char *acked, long *confirmed,
+                      long *floor_tag, long n);
 
 /* Deletes and declares queue `name` (durable, classic), so every run starts empty. -1 after
  * bench_fail(what). */
