@@ -106,13 +106,10 @@ static int cursor_collect_move(struct cursor *c)
 	return 0;
 }
 
-/* Reads the answer on the wire (a move or a read fetched ahead: one at a time), so that the
- * next statement may go. */
+/* Reads the answer on the wire (a move), so that the next statement may go. */
 int cursor_quiet(struct cursor *c)
 {
-	int rc = cursor_collect_move(c);
-
-	return rc != 0 ? rc : cursor_collect_ahead(c);
+	return cursor_collect_move(c);
 }
 
 /* Moves the position and waits for it. */
@@ -250,22 +247,23 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 }
 
 /* Hands back the read fetched ahead (nothing to write: its rows are above the position). */
-static int hand_back(struct cursor *c)
+static void hand_back(struct cursor *c)
 {
 	size_t n = 0;
-	int rc = cursor_drop_ahead(c, &n);
 
+	cursor_drop_ahead(c, &n);
 	if (n && c->o.hooks.released)
 		c->o.hooks.released(c->o.hooks.arg, n);
-	return rc;
 }
 
 int cursor_pause(struct cursor *c)
 {
 	int rc = 0;
 
-	if (c->leader && store_connected(c->store) && (rc = hand_back(c)) == 0)
+	if (c->leader && store_connected(c->store)) {
+		hand_back(c);
 		rc = cursor_flush(c);
+	}
 	if (rc == 0 && store_connected(c->store) && store_wakeup_armed(c->store) &&
 	    (rc = position_disarm(c->store)) != 0)
 		rc = cursor_fail(c, SOURCE_STEP_DISARMING, rc);
@@ -276,8 +274,10 @@ int cursor_finish(struct cursor *c)
 {
 	int rc = 0;
 
-	if (c->leader && store_connected(c->store) && (rc = hand_back(c)) == 0)
+	if (c->leader && store_connected(c->store)) {
+		hand_back(c);
 		rc = cursor_flush(c);
+	}
 	return rc;
 }
 

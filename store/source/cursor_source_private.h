@@ -52,7 +52,7 @@ struct cursor {
 		int64_t fence;
 	} reads[2];
 	int cur;
-	enum { AHEAD_NONE, AHEAD_SENT, AHEAD_READY } ahead;
+	enum { AHEAD_NONE, AHEAD_READY } ahead;
 	struct cursor_keys keys;
 	struct outbox_row *rows; /* the batch handed out */
 	size_t rows_cap;
@@ -90,16 +90,13 @@ int cursor_add_pass(struct cursor *c, const struct position_pass *p);
 void cursor_drop_owed(struct cursor *c);
 /* The move whose answer was lost landed after all. */
 void cursor_moved(struct cursor *c);
-/* Reads the answer on the wire (a move or a read fetched ahead), so that the next
- * statement may go. */
+/* Reads the answer on the wire (a move), so that the next statement may go. */
 int cursor_quiet(struct cursor *c);
 /* Moves the position to read_pos with the passed rows, and waits for it. */
 int cursor_flush(struct cursor *c);
 
 /* cursor_source.c */
-/* The read fetched ahead, once its answer is in. */
-int cursor_collect_ahead(struct cursor *c);
 /* Forgets the read fetched ahead (its rows are read again); *n gets how many it had. */
-int cursor_drop_ahead(struct cursor *c, size_t *n);
+void cursor_drop_ahead(struct cursor *c, size_t *n);
 
 #endif

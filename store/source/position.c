@@ -13,18 +13,8 @@
 #define ST_POS_CLAIM "outbox_position_claim"
 #define ST_POS_FENCE "outbox_position_fence"
 
-/* The read's columns after the row's (STORE_ROW_COLUMNS): what the cursor needs to know of it,
- * then the watermark's sample, repeated on every row (one row of NULLs and the sample when no
- * row was found). */
-enum {
-	POS_COL_LATER = COL_ATTEMPTS + 1,
-	POS_COL_DEAD,
-	POS_COL_HELD,
-	POS_COL_W,
-	POS_COL_HOLDERS,
-	POS_COL_NHOLDERS,
-	POS_COL_COUNT
-};
+/* The read's columns after the row's (STORE_ROW_COLUMNS): what the cursor needs to know of it. */
+enum { POS_COL_LATER = COL_ATTEMPTS + 1, POS_COL_DEAD, POS_COL_HELD, POS_COL_COUNT };
 
 /* An exception of the key of row o (alias) that is older and not published: a dead one counts
  * unless relay.ordering = skip-dead ($strict). %s: the table; two %s: the alias. */
@@ -40,23 +30,19 @@ static int prepare_all(struct store *s)
 
 	if (s->position_prepared)
 		return 0;
-	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict, $6 sample (false: W is NULL,
-	 * and pg_locks is not read). The held test looks for any older exception: every exception
-	 * is older than a row above the position. */
+	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict. Always the second statement of
+	 * a round trip whose first is the fence's (ST_POS_FENCE), which samples the watermark. The
+	 * held test looks for any older exception: every exception is older than a row above the
+	 * position. */
 	if ((rc = store_prepare(
-	             s, ST_POS_READ, 6,
-	             "SELECT r.*, s.w, h.holders, h.n" SAMPLE_FROM_WHEN(
-	                     "$6::boolean") " LEFT JOIN LATERAL (SELECT " STORE_ROW_COLUMNS
-	                                    ", o.available_at > now(), o.attempts >= $4::int,"
-	                                    " o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
-	                                            "o", "$5::boolean",
-	                                            "$4::int") " FROM %s o WHERE o.seq > "
-	                                                       "$1::bigint "
-	                                                       "AND o.seq <= $2::bigint"
-	                                                       " AND o.published_at IS NULL ORDER "
-	                                                       "BY "
-	                                                       "o.seq LIMIT $3::int) r ON true",
-	             s->seq_oid, s->db_oid, s->seq_oid, t, t)) != 0)
+	             s, ST_POS_READ, 5,
+	             "SELECT " STORE_ROW_COLUMNS ", o.available_at > now(),"
+	             " o.attempts >= $4::int, o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
+	                     "o", "$5::boolean", "$4::int") " FROM %s o WHERE o.seq > $1::bigint"
+	                                                    " AND o.seq <= $2::bigint AND"
+	                                                    " o.published_at IS NULL ORDER BY"
+	                                                    " o.seq LIMIT $3::int",
+	             t, t)) != 0)
 		return rc;
 	/* $1 from, $2 to, $3.. the passed rows, $8 max_attempts. Durable, as the lease source's
 	 * mark: a position that could come back lower would only publish rows again, but a key's
@@ -241,13 +227,11 @@ static int parse_read(struct store *s, const PGresult *res, struct store_batch *
 	size_t total = 0, used = 0, k = 0;
 
 	out->n = 0;
-	if (PQnfields(res) != POS_COL_COUNT || nt < 1) {
-		store_set_error(s, "the position read returned %d columns, %d rows", PQnfields(res),
-		                nt);
+	if (PQnfields(res) != POS_COL_COUNT) {
+		store_set_error(s, "the position read returned %d columns", PQnfields(res));
 		return STORE_ERR_QUERY;
 	}
-	feed_sample(s, res, POS_COL_W);
-	if (PQgetisnull(res, 0, COL_SEQ))
+	if (nt == 0)
 		return 0;
 	if ((size_t)nt > *seen_cap) {
 		struct position_seen *p = realloc(*seen, (size_t)nt * sizeof(*p));
@@ -277,39 +261,6 @@ nomem:
 	return STORE_ERR_NOMEM;
 }
 
-int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
-{
-	char a[24], f[24], l[24], m[24];
-	const char *params[6] = { a, f, l, m, s->opts.skip_dead ? "false" : "true", "true" };
-	int rc;
-
-	if ((rc = prepared(s)) != 0)
-		return rc;
-	snprintf(a, sizeof(a), "%lld", (long long)after);
-	snprintf(f, sizeof(f), "%lld", (long long)fence);
-	snprintf(l, sizeof(l), "%d", limit);
-	snprintf(m, sizeof(m), "%d", s->opts.max_attempts);
-	return store_send_prepared(s, ST_POS_READ, 6, params, STORE_INFLIGHT_CLAIM,
-	                           "could not read rows above the position");
-}
-
-int position_read_recv(struct store *s, struct store_batch *out, struct position_seen **seen,
-                       size_t *seen_cap)
-{
-	PGresult *res = store_collect(s);
-	int rc;
-
-	out->n = 0;
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		rc = store_result_error(s, res, "could not read rows above the position");
-		PQclear(res);
-		return rc;
-	}
-	rc = parse_read(s, res, out, seen, seen_cap);
-	PQclear(res);
-	return rc;
-}
-
 int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
                   struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
 {
@@ -327,7 +278,7 @@ int position_read(struct store *s, int64_t after, int64_t fence, int limit, stru
 	if ((rc = store_format_sql(s, sql, sizeof(sql),
 	                           "EXECUTE " ST_POS_FENCE "(%lld); EXECUTE " ST_POS_READ
 	                           "(%lld, current_setting('outbox_relay.fence')::bigint,"
-	                           " %d, %d, %s, false)",
+	                           " %d, %d, %s)",
 	                           (long long)fence, (long long)after, limit, s->opts.max_attempts,
 	                           s->opts.skip_dead ? "false" : "true")) != 0 ||
 	    (rc = store_exec_two(s, sql, &first, &res, "could not read rows above the position")) !=

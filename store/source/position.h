@@ -44,13 +44,6 @@ struct position_seen {
 int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
                   struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
         __attribute__((warn_unused_result));
-/* A read in one statement and two halves, so that the rows after a batch are read while the
- * broker confirms it: up to the fence given (under load the sequence is held most of the
- * time), sampling the watermark after the read. No other call on s in between. */
-int position_read_send(struct store *s, int64_t after, int64_t fence, int limit)
-        __attribute__((warn_unused_result));
-int position_read_recv(struct store *s, struct store_batch *out, struct position_seen **seen,
-                       size_t *seen_cap) __attribute__((warn_unused_result));
 /* The fence a read may use: every row with seq <= it that will ever exist is visible. */
 int64_t store_watermark_safe(const struct store *s);
 /* The highest seq the last sample saw drawn (a row up to it may be committed but not yet
