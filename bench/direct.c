@@ -18,7 +18,8 @@
 #include "bench/latency.h"
 #include "bench/mq.h"
 
-#define DIRECT_WINDOW 1000 /* publishes in flight, as the limit run */
+#define DIRECT_WINDOW          1000      /* publishes in flight, as the limit run */
+#define DIRECT_CONFIRM_WAIT_US 30000000L /* a full window with no confirm this long fails */
 
 struct direct_range {
 	long first, n;
@@ -88,8 +89,16 @@ static int publish_range(struct direct *d, const struct direct_range *r, amqp_ba
 	for (long i = r->first; i < r->first + r->n && rc == 0; i++) {
 		amqp_bytes_t bb = { BENCH_BODY_LEN, body };
 
-		while (rc == 0 && d->sent - d->confirmed >= DIRECT_WINDOW)
+		for (int64_t since = bench_mono_us();
+		     rc == 0 && d->sent - d->confirmed >= DIRECT_WINDOW;) {
 			rc = read_confirms(d, 1000000);
+			if (rc == 0 && bench_mono_us() - since > DIRECT_CONFIRM_WAIT_US) {
+				snprintf(d->err, sizeof(d->err),
+				         "no confirm for %d s with %d in flight",
+				         (int)(DIRECT_CONFIRM_WAIT_US / 1000000), DIRECT_WINDOW);
+				rc = -1;
+			}
+		}
 		if (rc != 0)
 			break;
 		latency_body(body, i, bench_mono_us());
