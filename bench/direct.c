@@ -34,7 +34,7 @@ struct direct {
 	pthread_mutex_t lock;
 	pthread_cond_t more;
 	struct direct_range *ranges; /* pushed, in the order their commits returned */
-	long cap, pushed, taken;     /* ranges */
+	long pushed, taken;          /* ranges, at most rows of them */
 	bool stopping;
 	int64_t stop_by_us; /* with stopping: give up on what is left after this */
 
@@ -182,7 +182,7 @@ struct direct *direct_start(const struct bench *b, const char *queue, long rows,
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->more, NULL);
 	snprintf(d->queue, sizeof(d->queue), "%s", queue);
-	d->rows = d->cap = rows;
+	d->rows = rows;
 	d->ranges = calloc((size_t)rows, sizeof(*d->ranges));
 	d->acked = calloc((size_t)rows + 1, 1);
 	if (!d->ranges || !d->acked) {
@@ -210,7 +210,7 @@ fail:
 void direct_push(struct direct *d, long first, long n)
 {
 	pthread_mutex_lock(&d->lock);
-	if (d->pushed < d->cap) {
+	if (d->pushed < d->rows) {
 		d->ranges[d->pushed++] = (struct direct_range){ first, n };
 		pthread_cond_signal(&d->more);
 	}
