@@ -165,11 +165,13 @@ static bool await_result(struct store *s, int64_t deadline)
 	return true;
 }
 
-/* store_collect(), keeping also the first answer in *first when one came before the last. */
-static PGresult *collect(struct store *s, PGresult **first)
+/* store_collect(), keeping also the answers before the last, up to n of them, in earlier[]
+ * (in order; the rest are cleared). */
+static PGresult *collect(struct store *s, PGresult **earlier, int n)
 {
 	int64_t deadline = s->inflight_sent_ms ? s->inflight_sent_ms : 0;
 	PGresult *keep = NULL, *r;
+	int got = 0;
 
 	/* The answer timeout counts from when the request was sent: a pipelined claim that
 	 * waited while the broker confirmed a batch is not given a second allowance. */
@@ -190,8 +192,8 @@ static PGresult *collect(struct store *s, PGresult **first)
 			PQclear(r);
 			continue;
 		}
-		if (first && !*first && keep)
-			*first = keep;
+		if (keep && got < n)
+			earlier[got++] = keep;
 		else
 			PQclear(keep);
 		keep = r;
@@ -205,7 +207,7 @@ static PGresult *collect(struct store *s, PGresult **first)
 
 PGresult *store_collect(struct store *s)
 {
-	return collect(s, NULL);
+	return collect(s, NULL, 0);
 }
 
 int store_result_error(struct store *s, const PGresult *res, const char *what)
@@ -338,26 +340,32 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 	return store_exec_state(s, sql, nparams, params, want, out, what, NULL);
 }
 
-int store_exec_two(struct store *s, const char *sql, PGresult **first, PGresult **second,
-                   const char *what)
+int store_exec_many(struct store *s, const char *sql, PGresult **res, int n, const char *what)
 {
-	PGresult *res = NULL;
-	int rc;
+	PGresult *last = NULL;
+	int rc = 0;
 
-	*first = *second = NULL;
+	for (int i = 0; i < n; i++)
+		res[i] = NULL;
 	if ((rc = store_require_conn(s)) != 0)
 		return rc;
 	if (sent(s, PQsendQuery(s->conn, sql), STORE_INFLIGHT_SYNC))
-		res = collect(s, first);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQresultStatus(*first) != PGRES_TUPLES_OK) {
-		rc = store_result_error(s, PQresultStatus(res) != PGRES_TUPLES_OK ? res : *first,
-		                        what);
-		PQclear(res);
-		PQclear(*first);
-		*first = NULL;
+		last = collect(s, res, n - 1);
+	/* A statement that failed ends the text: its answer is the last, and fewer came. */
+	if (PQresultStatus(last) != PGRES_TUPLES_OK || (n > 1 && !res[n - 2]))
+		rc = store_result_error(s, last, what);
+	for (int i = 0; rc == 0 && i < n - 1; i++)
+		if (PQresultStatus(res[i]) != PGRES_TUPLES_OK)
+			rc = store_result_error(s, res[i], what);
+	if (rc != 0) {
+		PQclear(last);
+		for (int i = 0; i < n; i++) {
+			PQclear(res[i]);
+			res[i] = NULL;
+		}
 		return rc;
 	}
-	*second = res;
+	res[n - 1] = last;
 	return 0;
 }
 

@@ -138,7 +138,6 @@ struct store {
 
 	bool prepared;          /* the relay statements exist on this connection */
 	bool position_prepared; /* ... and the cursor source's (store/source/position.c) */
-	int64_t move_from;      /* the position the move on the wire starts from */
 	enum store_inflight inflight;
 	int64_t inflight_sent_ms; /* CLOCK_MONOTONIC send time of the request in flight */
 	bool no_answer;           /* the server did not answer within the answer timeout */
@@ -272,11 +271,11 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 int store_exec_state(struct store *s, const char *sql, int nparams, const char *const *params,
                      ExecStatusType want, PGresult **out, const char *what, char *state)
         __attribute__((warn_unused_result));
-/* Two statements in one text (the simple protocol), both answering rows: *first gets the
- * first's answer and *second the second's, both to be cleared by the caller; on failure neither
- * (the second is not run when the first fails). */
-int store_exec_two(struct store *s, const char *sql, PGresult **first, PGresult **second,
-                   const char *what) __attribute__((warn_unused_result));
+/* n statements in one text (the simple protocol, so one implicit transaction), each
+ * answering rows: res[i] gets the i-th answer, all to be cleared by the caller; on failure
+ * none (a statement that fails ends the text and the transaction rolls back). */
+int store_exec_many(struct store *s, const char *sql, PGresult **res, int n, const char *what)
+        __attribute__((warn_unused_result));
 /* Formats a statement into sql[cap]: 0, or STORE_ERR_FATAL (error set) when it does not fit.
  * Only the validated table name and numbers ever go into the text; values are parameters. */
 int store_format_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)

@@ -1,6 +1,6 @@
 /* The cursor source's moves and settling (store/source/cursor_source.c tells the design):
- * what the next move writes, the move on the wire and its answer, each batch's fates, pause
- * and finish. */
+ * what the next move writes, the move and its answer (a move that passes no rows goes with the
+ * next read, cursor_source.c), each batch's fates, pause and finish. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +40,7 @@ void cursor_drop_owed(struct cursor *c)
 	if (c->n_unrecorded && c->o.hooks.repaid)
 		c->o.hooks.repaid(c->o.hooks.arg, 0, c->n_unrecorded);
 	c->n_unrecorded = 0;
-	c->owed_across = c->moving = c->moving_lost = false;
+	c->owed_across = c->moving_lost = false;
 	cursor_clear_passes(c);
 }
 
@@ -64,40 +64,22 @@ void cursor_moved(struct cursor *c)
 		c->o.hooks.marked(c->o.hooks.arg, c->moving_rows, clock_mono_us() - c->batch_t0_us);
 	if (c->n_unrecorded == 0)
 		c->owed_across = false;
-	c->moving = c->moving_lost = false;
+	c->moving_lost = false;
 }
 
-/* Sends the move to read_pos with the passed rows, unless one is on the wire already or a
- * batch is out (its rows are below read_pos and not settled). */
-static int cursor_send_move(struct cursor *c)
+/* What the move to `to` records, set before it is sent: the passes (all of them) or none. */
+void cursor_moving(struct cursor *c, int64_t to, bool passes)
 {
-	int rc;
-
-	if (c->moving || c->out || (c->read_pos <= c->pos && c->n_passes == 0))
-		return 0;
-	rc = position_move_send(c->store, c->pos, c->read_pos, c->passes, c->n_passes);
-	if (rc != 0)
-		return cursor_fail(c, SOURCE_STEP_MOVING, rc);
-	c->moving = true;
-	c->moving_to = c->read_pos;
-	c->moving_passes = c->n_passes;
+	c->moving_to = to;
+	c->moving_passes = passes ? c->n_passes : 0;
 	c->moving_rows = c->n_unrecorded;
-	return 0;
 }
 
-static int cursor_collect_move(struct cursor *c)
+/* A move answered: moved (1) or not, the position being no longer where it started (0: another
+ * relay leads, and what was owed stood on that position). */
+int cursor_move_answered(struct cursor *c, int moved)
 {
-	int rc;
-
-	if (!c->moving)
-		return 0;
-	rc = position_move_recv(c->store);
-	if (rc < 0) {
-		c->moving = false;
-		c->moving_lost = true;
-		return cursor_fail(c, SOURCE_STEP_MOVING, rc);
-	}
-	if (rc == 0) {
+	if (!moved) {
 		c->leader = c->pos_known = false;
 		cursor_drop_owed(c);
 		return cursor_fail(c, SOURCE_STEP_MOVING, STORE_ERR_QUERY);
@@ -106,20 +88,21 @@ static int cursor_collect_move(struct cursor *c)
 	return 0;
 }
 
-/* Reads the answer on the wire (a move), so that the next statement may go. */
-int cursor_quiet(struct cursor *c)
-{
-	return cursor_collect_move(c);
-}
-
-/* Moves the position and waits for it. */
+/* Moves the position to read_pos with the passed rows and waits for it, unless a batch is out
+ * (its rows are below read_pos and not settled) or there is nothing to move. */
 int cursor_flush(struct cursor *c)
 {
-	int rc = cursor_quiet(c);
+	int rc;
 
-	if (rc == 0)
-		rc = cursor_send_move(c);
-	return rc != 0 ? rc : cursor_collect_move(c);
+	if (c->out || (c->read_pos <= c->pos && c->n_passes == 0))
+		return 0;
+	cursor_moving(c, c->read_pos, true);
+	rc = position_move(c->store, c->pos, c->read_pos, c->passes, c->n_passes);
+	if (rc < 0) {
+		c->moving_lost = true; /* it may have landed: lead() looks */
+		return cursor_fail(c, SOURCE_STEP_MOVING, rc);
+	}
+	return cursor_move_answered(c, rc);
 }
 
 /* ---- settling ---- */
@@ -227,7 +210,7 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 	if (c->out_lane) {
 		if (!store_connected(c->store))
 			return 0;
-		return (rc = cursor_quiet(c)) != 0 ? rc : settle_lane(c, fates);
+		return settle_lane(c, fates);
 	}
 	if ((rc = settle_read(c, b, fates)) != 0)
 		return cursor_fail(c, SOURCE_STEP_MOVING, rc);
@@ -236,14 +219,13 @@ int cursor_settle(struct cursor *c, const struct source_batch *b, const struct s
 		c->owed_across = c->n_unrecorded > 0;
 		return 0;
 	}
-	if ((rc = cursor_quiet(c)) != 0)
-		return rc;
 	/* A keyed row passed: the read fetched ahead did not know its key waits behind it. */
 	if (c->batch_keyed)
 		c->ahead = AHEAD_NONE;
-	/* A move that only records published rows is answered while the next batch goes out;
-	 * one that writes exceptions is waited for, so that what settle says is in the table. */
-	return c->n_passes ? cursor_flush(c) : cursor_send_move(c);
+	/* A move that only records published rows goes with the next read, in its round trip
+	 * (cursor_source.c); one that writes exceptions is waited for, so that what settle says is
+	 * in the table. */
+	return c->n_passes ? cursor_flush(c) : 0;
 }
 
 /* Hands back the read fetched ahead (nothing to write: its rows are above the position). */

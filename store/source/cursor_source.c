@@ -37,8 +37,6 @@ static int lead(struct cursor *c, int64_t now)
 
 	if (now < c->lead_at_ms)
 		return 0;
-	if ((rc = cursor_quiet(c)) != 0)
-		return rc;
 	rc = position_lead(c->store, &pos);
 	if (rc < 0)
 		return cursor_fail(c, SOURCE_STEP_LEADING, rc);
@@ -147,10 +145,36 @@ void cursor_drop_ahead(struct cursor *c, size_t *n)
 	c->ahead = AHEAD_NONE;
 }
 
+/* One read above read_pos into r. A move that passes no rows goes in its round trip: while a
+ * batch is out, to where read_pos was when that batch was built (its own rows are not
+ * settled), else to read_pos. A move that passes rows goes alone first (cursor_flush()). */
+static int read_into(struct cursor *c, struct cursor_read *r)
+{
+	struct position_carry carry;
+	bool carried;
+	int64_t fence;
+	int rc;
+
+	if (!c->out && c->n_passes && (rc = cursor_flush(c)) != 0)
+		return rc;
+	carry = (struct position_carry){ .from = c->pos, .to = c->out ? c->out_from : c->read_pos };
+	if ((carried = carry.to > c->pos))
+		cursor_moving(c, carry.to, false);
+	fence = store_watermark_safe(c->store);
+	rc = position_read(c->store, carried ? &carry : NULL, c->read_pos,
+	                   fence < c->read_pos ? c->read_pos : fence, c->o.store.batch_size,
+	                   &r->rows, &r->seen, &r->seen_cap, &r->fence);
+	if (rc != 0) {
+		if (carried)
+			c->moving_lost = true; /* it may have landed: lead() looks */
+		return cursor_fail(c, SOURCE_STEP_READING, rc);
+	}
+	return carried ? cursor_move_answered(c, carry.moved) : 0;
+}
+
 /* Reads above the position (or takes the read fetched ahead) and hands out what may go. */
 static int read_next(struct cursor *c, const struct source_batch **out)
 {
-	int64_t fence = store_watermark_safe(c->store);
 	int limit = c->o.store.batch_size;
 	struct cursor_read *r;
 	size_t n;
@@ -159,22 +183,16 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 	if (c->ahead == AHEAD_READY) {
 		c->cur = 1 - c->cur;
 		c->ahead = AHEAD_NONE;
-		r = &c->reads[c->cur];
-	} else {
-		if ((rc = cursor_quiet(c)) != 0)
-			return rc;
-		fence = store_watermark_safe(c->store); /* the answers just read may move it */
-		r = &c->reads[c->cur];
-		rc = position_read(c->store, c->read_pos, fence < c->read_pos ? c->read_pos : fence,
-		                   limit, &r->rows, &r->seen, &r->seen_cap, &r->fence);
-		if (rc != 0)
-			return cursor_fail(c, SOURCE_STEP_READING, rc);
+	} else if ((rc = read_into(c, &c->reads[c->cur])) != 0) {
+		return rc;
 	}
+	r = &c->reads[c->cur];
 	cursor_answered(c);
 	c->read_fence = r->fence;
 	c->read_full = r->rows.n == (size_t)limit;
 	if (r->rows.n > 0)
 		c->pause_ms = 1; /* rows are flowing: the watermark moves as often as they come */
+	c->out_from = c->read_pos;
 	if ((rc = build(c, &n)) != 0)
 		return cursor_fail(c, SOURCE_STEP_READING, rc);
 	if (n == 0)
@@ -188,10 +206,8 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 /* Claims the exceptions that may go now. */
 static int lane_next(struct cursor *c, int64_t now, const struct source_batch **out)
 {
-	int rc = cursor_quiet(c);
+	int rc = position_claim_deferred(c->store, c->o.store.batch_size, &c->lane);
 
-	if (rc == 0)
-		rc = position_claim_deferred(c->store, c->o.store.batch_size, &c->lane);
 	if (rc != 0)
 		return cursor_fail(c, SOURCE_STEP_DEFERRED, rc);
 	if (c->lane.n == 0) {
@@ -223,6 +239,10 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 		return 0;
 	}
 	c->pause_ms = 1;
+	/* Going quiet: published rows are recorded now rather than by a read that may be far off
+	 * (a move over rows that were not there can wait for that read). */
+	if (c->n_unrecorded && (rc = cursor_flush(c)) != 0)
+		return rc;
 	*ask_at_ms = now + c->o.poll_interval_ms;
 	if (c->lane_due_ms < *ask_at_ms)
 		*ask_at_ms = c->lane_due_ms;
@@ -230,8 +250,6 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 		return 0;
 	/* Arm, then read once more: its sample covers every seq drawn before the lock was
 	 * taken, whose producer may not have notified. */
-	if ((rc = cursor_quiet(c)) != 0)
-		return rc;
 	rc = store_arm(c->store);
 	if (rc == 0)
 		rc = store_wakeup_armed_elsewhere(c->store);
@@ -262,7 +280,9 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 			return rc;
 		}
 	}
-	if ((rc = cursor_flush(c)) != 0)
+	/* The rows passed are written before the exceptions are claimed (a move that records
+	 * only published rows goes with the next read). */
+	if (c->n_passes && (rc = cursor_flush(c)) != 0)
 		return rc;
 	if (c->prefer_lane && now >= c->lane_due_ms) {
 		if ((rc = lane_next(c, now, out)) != 0 || *out) {
@@ -290,25 +310,24 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
  * socket while the relay waited on the broker, then parsed) kept the broker idle for 0.7 ms of
  * every 16; taken here it costs the broker nothing: with the broker on a core of its own the
  * drain went from 28,276 to 35,377 msgs/s. It is the read from idle, its sample first, so that
- * when nobody holds the sequence it goes up to what the sample saw. */
+ * when nobody holds the sequence it goes up to what the sample saw, and it carries the move
+ * past the batch before b. */
 int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 {
-	struct cursor_read *r = &c->reads[1 - c->cur];
-	int64_t fence;
 	int rc;
 
 	if (!c->out || c->out_lane || b != &c->view || c->ahead != AHEAD_NONE || !c->leader)
 		return 0;
-	if ((rc = cursor_quiet(c)) != 0)
-		return rc;
 	/* Busy now: producers need not notify while this relay reads again and again. */
 	if (store_wakeup_armed(c->store) && (rc = position_disarm(c->store)) != 0)
 		return cursor_fail(c, SOURCE_STEP_DISARMING, rc);
-	fence = store_watermark_safe(c->store);
-	rc = position_read(c->store, c->read_pos, fence < c->read_pos ? c->read_pos : fence,
-	                   c->o.store.batch_size, &r->rows, &r->seen, &r->seen_cap, &r->fence);
-	if (rc != 0)
-		return cursor_fail(c, SOURCE_STEP_READING, rc);
+	/* Behind a short read the rows come one commit at a time: reading while the broker
+	 * confirms would find few or none and cost a round trip and a sample all the same. The
+	 * read after the confirms goes instead (and carries the move). */
+	if (!c->read_full)
+		return 0;
+	if ((rc = read_into(c, &c->reads[1 - c->cur])) != 0)
+		return rc;
 	c->ahead = AHEAD_READY;
 	return 0;
 }
@@ -332,10 +351,6 @@ void cursor_disconnect(struct cursor *c)
 {
 	c->leader = false; /* the lead is a session lock: it ended with the session */
 	c->ahead = AHEAD_NONE;
-	if (c->moving) {
-		c->moving = false;
-		c->moving_lost = true; /* it may have landed: lead() looks */
-	}
 	if (c->n_unrecorded)
 		c->owed_across = true;
 	if (c->out && c->out_lane)

@@ -36,10 +36,9 @@ struct cursor {
 	int64_t batch_t0_us;
 	bool batch_keyed; /* the batch out passed a keyed row, or one of its keyed rows failed */
 	bool owed_across; /* the rows owed were confirmed before the connection was lost */
-	/* The move on the wire, answered while the next batch goes out: where to, how many of
-	 * the passes and owed rows it records; lost: the connection went before its answer (it
-	 * may have landed). */
-	bool moving, moving_lost;
+	/* The move sent last: where to, how many of the passes and owed rows it records; lost:
+	 * the connection went before its answer (it may have landed). */
+	bool moving_lost;
 	int64_t moving_to;
 	size_t moving_passes, moving_rows;
 
@@ -63,6 +62,7 @@ struct cursor {
 
 	bool out, out_lane; /* a batch is handed out (of exceptions) */
 	int64_t out_us;
+	int64_t out_from; /* read_pos when the batch out was built: settled up to it */
 	struct source_batch view;
 
 	int64_t pause_ms;
@@ -90,8 +90,10 @@ int cursor_add_pass(struct cursor *c, const struct position_pass *p);
 void cursor_drop_owed(struct cursor *c);
 /* The move whose answer was lost landed after all. */
 void cursor_moved(struct cursor *c);
-/* Reads the answer on the wire (a move), so that the next statement may go. */
-int cursor_quiet(struct cursor *c);
+/* Sets what the move to `to` records (with every pass, or none), before it is sent. */
+void cursor_moving(struct cursor *c, int64_t to, bool passes);
+/* The move's answer: moved (1), or not (0: another relay leads; an error is returned). */
+int cursor_move_answered(struct cursor *c, int moved);
 /* Moves the position to read_pos with the passed rows, and waits for it. */
 int cursor_flush(struct cursor *c);
 

@@ -33,10 +33,12 @@ static int prepare_all(struct store *s)
 	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict. Always the second statement of
 	 * a round trip whose first is the fence's (ST_POS_FENCE), which samples the watermark. The
 	 * held test looks for any older exception: every exception is older than a row above the
-	 * position. */
+	 * position. Later is by the clock, not now(): the transaction began with the statements
+	 * before the read (the fence's, the move's), and a row committed since has an
+	 * available_at after its start (the producer's now()) though it is due. */
 	if ((rc = store_prepare(
 	             s, ST_POS_READ, 5,
-	             "SELECT " STORE_ROW_COLUMNS ", o.available_at > now(),"
+	             "SELECT " STORE_ROW_COLUMNS ", o.available_at > clock_timestamp(),"
 	             " o.attempts >= $4::int, o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
 	                     "o", "$5::boolean", "$4::int") " FROM %s o WHERE o.seq > $1::bigint"
 	                                                    " AND o.seq <= $2::bigint AND"
@@ -261,11 +263,20 @@ nomem:
 	return STORE_ERR_NOMEM;
 }
 
-int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
-                  struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
+/* A move found the position no longer where it was moved from. */
+static void move_lost_lead(struct store *s, int64_t from)
 {
-	char sql[256];
-	PGresult *first = NULL, *res = NULL;
+	store_set_error(s, "the position of %s is no longer %lld: another relay leads the table",
+	                s->table, (long long)from);
+}
+
+int position_read(struct store *s, struct position_carry *carry, int64_t after, int64_t fence,
+                  int limit, struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
+                  int64_t *fence_used)
+{
+	char sql[512], move[160] = "";
+	PGresult *res[3] = { NULL, NULL, NULL };
+	PGresult **sample = carry ? &res[1] : &res[0], **rows = sample + 1;
 	int64_t used = fence;
 	int rc;
 
@@ -273,28 +284,43 @@ int position_read(struct store *s, int64_t after, int64_t fence, int limit, stru
 	*fence_used = fence;
 	if ((rc = prepared(s)) != 0)
 		return rc;
+	/* The move first: it passes no rows, so its arrays are empty. */
+	if (carry) {
+		carry->moved = 0;
+		snprintf(move, sizeof(move),
+		         "EXECUTE " ST_POS_MOVE "(%lld, %lld, '{}', '{}', '{}', '{}', '{}', %d); ",
+		         (long long)carry->from, (long long)carry->to, s->opts.max_attempts);
+	}
 	/* The sample's statement ends before the read's begins, so the read's snapshot sees every
 	 * row up to a W that no transaction held when the sample looked (watermark.h). */
 	if ((rc = store_format_sql(s, sql, sizeof(sql),
-	                           "EXECUTE " ST_POS_FENCE "(%lld); EXECUTE " ST_POS_READ
+	                           "%sEXECUTE " ST_POS_FENCE "(%lld); EXECUTE " ST_POS_READ
 	                           "(%lld, current_setting('outbox_relay.fence')::bigint,"
 	                           " %d, %d, %s)",
-	                           (long long)fence, (long long)after, limit, s->opts.max_attempts,
-	                           s->opts.skip_dead ? "false" : "true")) != 0 ||
-	    (rc = store_exec_two(s, sql, &first, &res, "could not read rows above the position")) !=
-	            0)
+	                           move, (long long)fence, (long long)after, limit,
+	                           s->opts.max_attempts, s->opts.skip_dead ? "false" : "true")) !=
+	            0 ||
+	    (rc = store_exec_many(s, sql, res, carry ? 3 : 2,
+	                          "could not read rows above the position")) != 0)
 		return rc;
-	if (PQntuples(first) != 1 || store_parse_int64(PQgetvalue(first, 0, 0), &used) != 0) {
+	if (PQntuples(*sample) != 1 || store_parse_int64(PQgetvalue(*sample, 0, 0), &used) != 0) {
 		store_set_error(s, "the position read's sample returned something unreadable");
 		rc = STORE_ERR_QUERY;
 		goto out;
 	}
-	feed_sample(s, first, 1);
+	feed_sample(s, *sample, 1);
 	*fence_used = used;
-	rc = parse_read(s, res, out, seen, seen_cap);
+	if (carry && PQntuples(res[0]) != 1) {
+		/* Not moved: another relay leads, and its position says what may be read. */
+		move_lost_lead(s, carry->from);
+		goto out;
+	}
+	if (carry)
+		carry->moved = 1;
+	rc = parse_read(s, *rows, out, seen, seen_cap);
 out:
-	PQclear(first);
-	PQclear(res);
+	for (int i = 0; i < 3; i++)
+		PQclear(res[i]);
 	return rc;
 }
 
@@ -323,11 +349,12 @@ static bool pass_counted(const void *items, size_t i)
 	return ((const struct position_pass *)items)[i].counted;
 }
 
-int position_move_send(struct store *s, int64_t from, int64_t to,
-                       const struct position_pass *passes, size_t n)
+int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
+                  size_t n)
 {
 	char f[24], t[24], m[24];
 	const char *params[8] = { f, t, NULL, NULL, NULL, NULL, NULL, m };
+	PGresult *res = NULL;
 	int rc;
 
 	if ((rc = prepared(s)) != 0)
@@ -343,36 +370,14 @@ int position_move_send(struct store *s, int64_t from, int64_t to,
 	snprintf(f, sizeof(f), "%lld", (long long)from);
 	snprintf(t, sizeof(t), "%lld", (long long)to);
 	snprintf(m, sizeof(m), "%d", s->opts.max_attempts);
-	s->move_from = from;
-	return store_send_prepared(s, ST_POS_MOVE, 8, params, STORE_INFLIGHT_MARK,
-	                           "could not move the position");
-}
-
-int position_move_recv(struct store *s)
-{
-	PGresult *res = store_collect(s);
-	int rc;
-
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		rc = store_result_error(s, res, "could not move the position");
-		PQclear(res);
+	if ((rc = store_exec_prepared(s, ST_POS_MOVE, 8, params, PGRES_TUPLES_OK, NULL, &res,
+	                              "could not move the position")) != 0)
 		return rc;
-	}
 	rc = PQntuples(res) == 1 ? 1 : 0;
 	PQclear(res);
 	if (rc == 0)
-		store_set_error(
-		        s, "the position of %s is no longer %lld: another relay leads the table",
-		        s->table, (long long)s->move_from);
+		move_lost_lead(s, from);
 	return rc;
-}
-
-int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
-                  size_t n)
-{
-	int rc = position_move_send(s, from, to, passes, n);
-
-	return rc != 0 ? rc : position_move_recv(s);
 }
 
 int position_claim_deferred(struct store *s, int limit, struct store_batch *out)

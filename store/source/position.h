@@ -33,6 +33,12 @@ struct position_seen {
 	bool held;  /* an earlier row of its ordering key is an exception not published yet */
 };
 
+/* A move the read carries (position_read()): from `from` to `to`, passing no rows. */
+struct position_carry {
+	int64_t from, to;
+	int moved; /* 1 when it moved, 0 when the position was no longer `from` */
+};
+
 /* Reads up to limit unpublished rows with after < seq <= fence, in seq order, into out (its
  * rows; token and lease unused) and seen[] (out->n of them; seen is reallocated as needed:
  * *seen_cap its size), and samples the ordering watermark (store_watermark_safe() gives the
@@ -40,10 +46,14 @@ struct position_seen {
  * One round trip of two statements: the first samples the watermark, and when nobody holds the
  * sequence its W is settled for the second, the read, which then goes up to W if that is
  * above fence. So a row committed while the relay was idle is read by the first read after
- * its notification, not by the one after that. *fence_used gets the fence the read used. */
-int position_read(struct store *s, int64_t after, int64_t fence, int limit, struct store_batch *out,
-                  struct position_seen **seen, size_t *seen_cap, int64_t *fence_used)
-        __attribute__((warn_unused_result));
+ * its notification, not by the one after that. *fence_used gets the fence the read used.
+ * With carry, a move goes first in the same round trip and the same transaction (durable, as
+ * position_move()'s): one round trip and one commit a batch instead of two. When the position
+ * was no longer carry->from, carry->moved is 0, nothing was written and no rows are read (the
+ * error text says another relay leads); an error leaves it unknown whether the move landed. */
+int position_read(struct store *s, struct position_carry *carry, int64_t after, int64_t fence,
+                  int limit, struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
+                  int64_t *fence_used) __attribute__((warn_unused_result));
 /* The fence a read may use: every row with seq <= it that will ever exist is visible. */
 int64_t store_watermark_safe(const struct store *s);
 /* The highest seq the last sample saw drawn (a row up to it may be committed but not yet
@@ -64,12 +74,6 @@ struct position_pass {
  * `from` (another relay leads: nothing was written; the error text says so), or an error. */
 int position_move(struct store *s, int64_t from, int64_t to, const struct position_pass *passes,
                   size_t n) __attribute__((warn_unused_result));
-/* The same split in two, so that the relay publishes the next batch while the database
- * commits the move: no other call on s in between. */
-int position_move_send(struct store *s, int64_t from, int64_t to,
-                       const struct position_pass *passes, size_t n)
-        __attribute__((warn_unused_result));
-int position_move_recv(struct store *s) __attribute__((warn_unused_result));
 
 /* Claims up to limit exceptions that may go now, in seq order, under a lease (locked_by, as the
  * lease source's claim: store_mark_published(), store_mark_failed() and store_release() settle

@@ -435,7 +435,8 @@ Test(source_contract, confirmed_rows_are_owed_across_a_lost_connection)
 
 /* The cursor: the second source is a standby and gets nothing while the first leads; once the
  * leader's connection closes, the standby takes the lead and hands out the rest, none of the
- * rows the leader published. */
+ * rows the leader published and recorded (its first batch, recorded by the read that took its
+ * second, which it never settles: that one comes out again). */
 static void cursor_standby(const struct contract_source *kind)
 {
 	struct under_test a, b;
@@ -452,6 +453,7 @@ static void cursor_standby(const struct contract_source *kind)
 	first_last = ba->rows[ba->n - 1].seq;
 	settle_all(&a, ba, SOURCE_PUBLISHED);
 	cr_assert_null(next_once(&b), "%s: a standby handed rows out", kind->name);
+	cr_assert_not_null(next(&a), "%s: the leader's second batch", kind->name);
 	close_source(&a);
 	bb = next(&b);
 	cr_assert_not_null(bb, "%s: the standby did not take over", kind->name);
@@ -617,6 +619,47 @@ Test(source_contract, cursor_a_delayed_row_waits_alone)
 	settle_all(&t, b, SOURCE_PUBLISHED);
 	cr_assert_null(next(&t));
 	cr_assert_eq(rows_where("id = 'later' AND published_at IS NOT NULL"), 1);
+	close_source(&t);
+}
+
+static int64_t position_now(void)
+{
+	return harness_pg_int(g_fx.pg, "SELECT position FROM %s_position WHERE stream = 'main'",
+	                      g_fx.table);
+}
+
+/* A batch the broker confirmed whole is recorded by the move the next read carries in its
+ * round trip, not by a statement of its own at settle; and before the source goes quiet at the
+ * latest, so a relay that stops or idles leaves no confirmed row unrecorded. */
+Test(source_contract, cursor_a_batch_is_recorded_with_the_read_after_it)
+{
+	const struct contract_source *kind = cursor_kind();
+	struct under_test t;
+	const struct source_batch *b;
+	int64_t first_end, second_end;
+
+	fresh();
+	insert(&g_fx, 2, "rec");
+	open_source(&t, kind, &g_fx, "contract-a");
+	b = next(&t);
+	cr_assert_not_null(b);
+	cr_assert_eq(b->n, 2);
+	first_end = b->rows[1].seq;
+	cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_lt(position_now(), first_end, "settle wrote the move itself");
+	cr_assert_eq(t.heard.marked, 0);
+
+	insert(&g_fx, 1, "rec-next");
+	b = next(&t);
+	cr_assert_not_null(b);
+	cr_assert_eq(t.heard.marked, 2, "the read did not record the batch before it");
+	cr_assert_eq(position_now(), first_end);
+	second_end = b->rows[0].seq;
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	cr_assert_eq(t.heard.marked, 3, "went quiet with a confirmed row unrecorded");
+	cr_assert_geq(position_now(), second_end);
 	close_source(&t);
 }
 

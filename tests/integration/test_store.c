@@ -3,6 +3,7 @@
  * queries and the claim plan on a large backlog. Each test uses its own table. */
 #include <criterion/criterion.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1371,7 +1372,8 @@ Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
 	char err[256];
 
 	add("quiet", NULL, 0);
-	cr_assert_eq(position_read(r, 0, 0, 10, &b, &seen, &cap, &used), 0, "%s", store_errmsg(r));
+	cr_assert_eq(position_read(r, NULL, 0, 0, 10, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
 	cr_assert_eq(b.n, 1, "the row committed while the relay was idle, read at once");
 	cr_assert_str_eq(b.rows[0].id, "quiet");
 	cr_assert_geq(used, b.rows[0].seq);
@@ -1380,13 +1382,13 @@ Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
 	sql(producer, "BEGIN");
 	cr_assert_eq(outbox_add(producer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
 	add("after", NULL, 0);
-	cr_assert_eq(position_read(r, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 0, "a producer holds a seq below 'after': nothing may be read past it");
 	cr_assert_eq(used, fence, "the fence may not move while the sequence is held");
 
 	sql(producer, "COMMIT");
-	cr_assert_eq(position_read(r, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 2, "both rows, once the producer has committed");
 	cr_assert_str_eq(b.rows[0].id, "held");
@@ -1394,6 +1396,113 @@ Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
 	store_batch_free(&b);
 	free(seen);
 	PQfinish(producer);
+	store_free(r);
+	store_free(a);
+}
+
+static long long position_of(void)
+{
+	return sql_int(g_admin, "SELECT position FROM %s_position WHERE stream = 'main'", g_table);
+}
+
+/* A read may carry the move past the batch before it, in its round trip and its transaction:
+ * the position moves and the rows above are read. A move from a position that is no longer
+ * the table's writes nothing, reads nothing, and says another relay leads. */
+Test(store, cursor_read_carries_the_move)
+{
+	struct store *a = migrated("pos_carry");
+	struct store *r = open_store(opts_for("relay-1", false));
+	struct store_batch b = { 0 };
+	struct position_seen *seen = NULL;
+	size_t cap = 0;
+	int64_t pos = -1, used = -1, second;
+	struct position_carry carry;
+
+	add("m1", NULL, 0);
+	add("m2", NULL, 0);
+	cr_assert_eq(position_lead(r, &pos), 1, "%s", store_errmsg(r));
+	cr_assert_eq(position_read(r, NULL, pos, pos, 10, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 2);
+	second = b.rows[1].seq;
+	add("m3", NULL, 0);
+
+	carry = (struct position_carry){ .from = pos, .to = second };
+	cr_assert_eq(position_read(r, &carry, second, used, 10, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(carry.moved, 1);
+	cr_assert_eq(position_of(), second, "the move landed with the read");
+	cr_assert_eq(b.n, 1);
+	cr_assert_str_eq(b.rows[0].id, "m3");
+
+	carry = (struct position_carry){ .from = pos, .to = b.rows[0].seq };
+	cr_assert_eq(position_read(r, &carry, b.rows[0].seq, used, 10, &b, &seen, &cap, &used), 0,
+	             "%s", store_errmsg(r));
+	cr_assert_eq(carry.moved, 0, "the position was no longer where this move starts");
+	cr_assert_eq(b.n, 0, "no rows read for a relay that does not lead");
+	cr_assert_eq(position_of(), second, "nothing written");
+	cr_assert(strstr(store_errmsg(r), "another relay leads"), "%s", store_errmsg(r));
+	store_batch_free(&b);
+	free(seen);
+	store_free(r);
+	store_free(a);
+}
+
+struct carried_read {
+	struct store *r;
+	struct position_carry carry;
+	struct store_batch b;
+	struct position_seen *seen;
+	size_t cap;
+	int64_t used;
+	int rc;
+};
+
+static void *carried_read_main(void *arg)
+{
+	struct carried_read *cr = arg;
+
+	cr->rc = position_read(cr->r, &cr->carry, cr->carry.from, cr->carry.from, 10, &cr->b,
+	                       &cr->seen, &cr->cap, &cr->used);
+	return NULL;
+}
+
+/* The read's transaction begins with the statements before it (the move's, the fence's); a row
+ * committed after that began has an available_at (its producer's now()) later than the read's
+ * now(), yet it is due: it is read as due, not set aside as delayed. Here the move waits on the
+ * position row, locked by another session, while a producer commits a row. */
+Test(store, a_row_committed_after_the_read_began_is_due)
+{
+	struct store *a = migrated("pos_clock");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *locker = harness_pg_connect();
+	struct carried_read cr = { .r = r };
+	int64_t pos = -1;
+	pthread_t th;
+	int pid;
+
+	cr_assert_eq(position_lead(r, &pos), 1, "%s", store_errmsg(r));
+	pid = PQbackendPID(r->conn);
+	sql(locker, "BEGIN");
+	sql(locker, "SELECT 1 FROM %s_position WHERE stream = 'main' FOR UPDATE", g_table);
+	cr.carry = (struct position_carry){ .from = pos, .to = pos };
+	cr_assert_eq(pthread_create(&th, NULL, carried_read_main, &cr), 0);
+	for (int i = 0; i < 3000 && !sql_int(g_admin,
+	                                     "SELECT count(*) FROM pg_stat_activity WHERE pid = %d"
+	                                     " AND wait_event_type = 'Lock'",
+	                                     pid);
+	     i++)
+		usleep(10000);
+	add("late", NULL, 0);
+	sql(locker, "COMMIT");
+	pthread_join(th, NULL);
+	cr_assert_eq(cr.rc, 0, "%s", store_errmsg(r));
+	cr_assert_eq(cr.carry.moved, 1);
+	cr_assert_eq(cr.b.n, 1, "the row committed while the move waited");
+	cr_assert_not(cr.seen[0].later, "a row due when it was read is not set aside as later");
+	store_batch_free(&cr.b);
+	free(cr.seen);
+	PQfinish(locker);
 	store_free(r);
 	store_free(a);
 }
