@@ -11,7 +11,7 @@
 #define BENCH_BODY_LEN     1024 /* the body of every message, in bytes */
 #define BENCH_MAX_FIGURES  128  /* summary keys over all measurements */
 #define BENCH_KEY_LEN      48   /* a summary key, its source's prefix included */
-#define BENCH_ROW_FIGURES  10   /* summary keys of one measurement */
+#define BENCH_ROW_FIGURES  13   /* summary keys of one measurement */
 #define BENCH_BATCH_DFLT   500  /* relay.batch_size when --batch is not given */
 #define BENCH_WORKERS_DFLT 1    /* relay.workers when --workers is not given */
 /* The load run's commits per second when --load-rate is not given and the relay's throughput

@@ -84,7 +84,7 @@ static const struct bench_measurement measurements[] = {
 	  measure_keys,
 	  NULL,
 	  { { "keys", 0 }, { "nokeys", 0 }, { "keys_ratio", 2 } } },
-	/* A prototype's figures (issue 37), not the relay's: the three row sources' rows/s,
+	/* A prototype's figures (issue 37), not the relay's: the four row sources' rows/s,
 	 * PostgreSQL CPU and WAL per message, and the WAL a logical slot held per row while
 	 * no relay ran. */
 	{ "sources",
@@ -94,12 +94,15 @@ static const struct bench_measurement measurements[] = {
 	  { { "src_l", 0 },
 	    { "src_a", 0 },
 	    { "src_b", 0 },
+	    { "src_c", 0 },
 	    { "src_l_pg_us", 1 },
 	    { "src_a_pg_us", 1 },
 	    { "src_b_pg_us", 1 },
+	    { "src_c_pg_us", 1 },
 	    { "src_l_wal", 0 },
 	    { "src_a_wal", 0 },
 	    { "src_b_wal", 0 },
+	    { "src_c_wal", 0 },
 	    { "src_b_held", 0 } } },
 	/* A long history, plain against partitioned (--only history). */
 	{ "history",

@@ -1,7 +1,9 @@
 /* The row sources issue 37 weighs, prototyped on the database side alone (one libpq client
  * plays the relay, no broker): (L) the lease source's claim and mark, two writes of every row;
  * (a) a cursor over the append-only table, one write of a position row per batch; (b) logical
- * decoding of the table's inserts through a pgoutput slot. Each drains the same backlog: rows/s,
+ * decoding of the table's inserts through a pgoutput slot; (c) the cursor of (a) reading unkeyed
+ * rows past the fence, the position moved behind them with a sample every SOURCES_SAMPLE_MS.
+ * Each drains the same backlog: rows/s,
  * PostgreSQL's CPU and WAL per message, the VACUUM its writes leave, and what the backlog cost
  * while no relay ran (a slot keeps WAL). Then the same designs while producers insert. */
 #include <inttypes.h>
@@ -37,6 +39,10 @@
 /* After a read of less than a batch the next waits until this long after it (the relay's
  * gathering): under a trickle a design reads a few rows at a time, not one. */
 #define SOURCES_GATHER_MS 2
+/* (c) samples the ordering watermark (the lock list) and moves its position this often. */
+#define SOURCES_SAMPLE_MS 10
+/* (c)'s seqs stepped over by its reads, re-read until found or closed: more is a failure. */
+#define SOURCES_GAPS_MAX 1024
 /* The load stretch: producer connections and their total rate without --load-rate. */
 #define SOURCES_PRODUCERS 4
 #define SOURCES_LOAD_RATE 2000
@@ -87,6 +93,10 @@ struct src {
 	int64_t pos, fence, pend_w;
 	long gaps;          /* seqs stepped over: rows lost, since nothing here aborts */
 	char *pend_holders; /* NULL: no pending sample */
+	/* (c): read_pos, the highest seq read; gap[] the seqs below it not read yet */
+	int64_t read_pos, sample_us;
+	int64_t gap[SOURCES_GAPS_MAX];
+	long n_gap, late; /* late: rows read below read_pos (found in a gap) */
 	/* (b) */
 	uint64_t acked;
 	long bad_body;
@@ -428,6 +438,138 @@ static void cursor_close(struct src *s)
 	close_session(s);
 }
 
+/* ---- (c): the cursor reading unkeyed rows past the fence ---- */
+
+/* (a)'s position and sample, apart: the read takes every row above the highest seq read so far
+ * and the seqs it stepped over (gap[]: drawn by a transaction not yet committed, or never to
+ * be), with no lock list; the sample (W and the lock list, as (a)'s) runs once every
+ * SOURCES_SAMPLE_MS, before a read. A gap at or below the fence settled before a read began
+ * and not found by it never will be: every row up to that fence is visible to the read. The
+ * position follows the fence, behind what was read, one durable write a sample: a crash would
+ * publish again what was read above it (duplicates, up to a sample's worth). Keyed rows would
+ * still wait for the fence (their order is by seq); this backlog has none. */
+static int skip_open(struct src *s)
+{
+	char sql[2048];
+
+	if (cursor_open(s) != 0)
+		return -1;
+	snprintf(sql, sizeof(sql),
+	         "SELECT s.w, h.holders FROM (SELECT COALESCE(pg_sequence_last_value("
+	         "%u::oid::regclass), 0) AS w OFFSET 0) s, LATERAL (SELECT"
+	         " string_agg(l.virtualtransaction, ',') AS holders FROM pg_locks l"
+	         " WHERE l.locktype = 'relation' AND l.database = %u AND l.relation = %u"
+	         " AND l.pid IS DISTINCT FROM pg_backend_pid() AND s.w IS NOT NULL) h",
+	         s->seq_oid, s->db_oid, s->seq_oid);
+	if (prepare(s, "sample", 0, sql) != 0)
+		return -1;
+	snprintf(sql, sizeof(sql),
+	         "(SELECT " SRC_COLUMNS " FROM %s o WHERE o.seq = ANY($2::bigint[]))"
+	         " UNION ALL (SELECT " SRC_COLUMNS " FROM %s o WHERE o.seq > $1::bigint"
+	         " ORDER BY o.seq LIMIT $3::int)",
+	         SOURCES_TABLE, SOURCES_TABLE);
+	if (prepare(s, "read_past", 3, sql) != 0)
+		return -1;
+	s->read_pos = s->pos;
+	s->n_gap = 0;
+	s->sample_us = 0;
+	s->buf_len = SOURCES_GAPS_MAX * 21 + 3;
+	s->buf = malloc(s->buf_len);
+	if (!s->buf) {
+		bench_fail(s->b, s->what, "(c) out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* A row read: out of a gap, or above read_pos (the seqs between become gaps). -1 after
+ * bench_fail(). */
+static int skip_row(struct src *s, int64_t seq)
+{
+	if (seq <= s->read_pos) {
+		for (long i = 0; i < s->n_gap; i++) {
+			if (s->gap[i] == seq) {
+				s->gap[i] = s->gap[--s->n_gap];
+				s->late++;
+				return 0;
+			}
+		}
+		bench_fail(s->b, s->what, "(c) seq %" PRId64 " read twice", seq);
+		return -1;
+	}
+	for (int64_t g = s->read_pos + 1; g < seq; g++) {
+		if (s->n_gap == SOURCES_GAPS_MAX) {
+			bench_fail(s->b, s->what, "(c) more than %d seqs stepped over",
+			           SOURCES_GAPS_MAX);
+			return -1;
+		}
+		s->gap[s->n_gap++] = g;
+	}
+	s->read_pos = seq;
+	return 0;
+}
+
+static long skip_take(struct src *s)
+{
+	char pos_s[24], batch_s[24];
+	const char *read[3] = { pos_s, s->buf, batch_s }, *adv[1] = { pos_s };
+	bool sampled = false;
+	int64_t fence, to;
+	PGresult *r;
+	size_t at = 0;
+	long n;
+
+	if (bench_mono_us() - s->sample_us >= SOURCES_SAMPLE_MS * 1000LL) {
+		r = run(s, "sample", 0, NULL, PGRES_TUPLES_OK);
+		if (!r)
+			return -1;
+		cursor_sample(s, int_at(r, 0, 0), PQgetvalue(r, 0, 1));
+		PQclear(r);
+		s->sample_us = bench_mono_us();
+		sampled = true;
+	}
+	fence = s->fence; /* settled before the read: every row up to it is visible to it */
+	s->buf[at++] = '{';
+	for (long i = 0; i < s->n_gap; i++)
+		at += (size_t)snprintf(s->buf + at, s->buf_len - at, "%s%" PRId64, i ? "," : "",
+		                       s->gap[i]);
+	snprintf(s->buf + at, s->buf_len - at, "}");
+	snprintf(pos_s, sizeof(pos_s), "%" PRId64, s->read_pos);
+	snprintf(batch_s, sizeof(batch_s), "%ld", s->batch);
+	r = run(s, "read_past", 3, read, PGRES_TUPLES_OK);
+	if (!r)
+		return -1;
+	n = PQntuples(r);
+	for (long i = 0; i < n; i++) {
+		if (skip_row(s, int_at(r, (int)i, 0)) != 0) {
+			PQclear(r);
+			return -1;
+		}
+	}
+	PQclear(r);
+	/* Gaps up to the fence not found now never will be: here, where no insert aborts, that
+	 * is a row the fence let the position step over. */
+	for (long i = 0; i < s->n_gap;) {
+		if (s->gap[i] <= fence) {
+			s->gaps++;
+			s->gap[i] = s->gap[--s->n_gap];
+		} else {
+			i++;
+		}
+	}
+	to = fence < s->read_pos ? fence : s->read_pos;
+	if (sampled && to > s->pos) {
+		snprintf(pos_s, sizeof(pos_s), "%" PRId64, to);
+		r = run(s, "advance", 1, adv, PGRES_COMMAND_OK);
+		if (!r)
+			return -1;
+		PQclear(r);
+		s->pos = to;
+		s->writes++;
+	}
+	return n;
+}
+
 /* ---- (b): logical decoding through a pgoutput slot ---- */
 
 /* Drops the slot, waiting for a walsender that still holds it to go (it ends shortly after
@@ -520,6 +662,10 @@ static const struct src_design designs[] = {
 	  cursor_open, cursor_take, cursor_close },
 	{ "b", "b", "logical decoding (pgoutput) + one flush acknowledgement a batch", true,
 	  decode_setup, decode_open, decode_take, decode_close },
+	{ "c", "c",
+	  "read past the fence + the seqs stepped over; a sample and one position write every "
+	  "10 ms",
+	  false, cursor_setup, skip_open, skip_take, cursor_close },
 };
 
 #define N_DESIGNS (sizeof(designs) / sizeof(designs[0]))
@@ -1067,12 +1213,19 @@ static int one_load(struct bench *b, PGconn *c, const struct src_design *d, doub
 		rc = 0;
 		goto out;
 	}
+	if (d->open == cursor_open)
+		snprintf(unit, sizeof(unit), " (no seq stepped over: every row read in seq order)");
+	else if (d->open == skip_open)
+		snprintf(unit, sizeof(unit),
+		         " (no seq stepped over; %ld rows read after a later seq, from a gap)",
+		         s.late);
+	else
+		unit[0] = '\0';
 	printf("%s: (%s): under load, %.0f commits/s from %d connections for %d s: %ld rows, "
 	       "%.1f rows a read that found any, all taken %.3f s after the last commit%s\n",
 	       s.what, d->tag, rate, SOURCES_PRODUCERS, b->opt.phase_s, cost.n,
 	       s.reads > s.reads_empty ? (double)cost.n / (double)(s.reads - s.reads_empty) : 0,
-	       cost.secs,
-	       d->open == cursor_open ? " (no seq stepped over: every row read in seq order)" : "");
+	       cost.secs, unit);
 	snprintf(unit, sizeof(unit), "message (the producers' inserts included)");
 	print_cost(&s, &cost, unit, base);
 	rc = 0;
@@ -1121,7 +1274,7 @@ void measure_sources(struct bench *b)
 		return;
 	db_show(c, "SHOW wal_level", level, sizeof(level));
 	decoding = decoding_possible(c, why, sizeof(why));
-	printf("%s: the database side of three row sources, one libpq client, no broker; "
+	printf("%s: the database side of four row sources, one libpq client, no broker; "
 	       "wal_level %s; %ld rows of %d B committed one per transaction; batches of %ld\n",
 	       what, level, n, BENCH_BODY_LEN, bench_batch(b));
 	if (rate * b->opt.phase_s > SOURCES_MAX_LOAD) {
