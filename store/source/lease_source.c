@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "store/source/lease_source.h"
+#include "store/source/gather.h"
 #include "store/source/lease_source_private.h"
 #include "store/store.h"
 #include "store/operator/partitions.h"
@@ -145,20 +145,6 @@ static bool batch_keyed(const struct store_batch *x)
 		if (x->rows[i].ordering_key)
 			return true;
 	return false;
-}
-
-/* Under a trickle of unkeyed rows each claim finds a row or two, and what the database spends
- * per message is the cost of its statements (claim, mark, commit), paid once a row; the broker
- * and the relay pay per batch too. After a batch well short of full, the next claim waits until
- * GATHER_US after the previous one went out, and takes the rows of that time together: at
- * 2,000 rows a second this cut the database's CPU per message by a third. A row waits at most
- * that much longer. Batches with ordering keys never wait: they are short by nature (one head
- * per key), and a key's next row cannot be claimed before its mark anyway. */
-int64_t lease_gather_us(int64_t since_claim_us, size_t rows, int batch_size, bool keyed)
-{
-	if (keyed || rows * 8 >= (size_t)batch_size || since_claim_us >= GATHER_US)
-		return 0;
-	return since_claim_us > 0 ? GATHER_US - since_claim_us : GATHER_US;
 }
 
 /* Chooses where the next claim starts. Nothing below the first row of the current batch
@@ -306,8 +292,8 @@ int lease_prefetch(struct lease *s, const struct source_batch *b)
 		if (rc < 0)
 			return rc;
 	}
-	clock_sleep_us(lease_gather_us(clock_mono_us() - s->claim_sent_us, x->n,
-	                               s->o.store.batch_size, batch_keyed(x)));
+	clock_sleep_us(source_gather_us(clock_mono_us() - s->claim_sent_us, x->n,
+	                                s->o.store.batch_size, batch_keyed(x)));
 	set_claim_floor(s, x);
 	/* Still armed when the claim after arming found rows: producers would notify on every
 	 * commit while this source is busy. This claim lets the lock go. */

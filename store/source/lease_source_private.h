@@ -21,8 +21,6 @@
  * timeout by a margin, room for the mark that follows: half of what the lease gives beyond
  * the confirm timeout, at most this (a fresh claim always qualifies). */
 #define LEASE_MARGIN_MAX_MS 2000
-/* Gathering (lease_gather_us()). */
-#define GATHER_US 2000
 /* After arming, the watermark is sampled again after pauses of 1, 2, 4 ... ms, at most this
  * (catch_up()). */
 #define CATCH_UP_PAUSE_MS 50
