@@ -1,6 +1,7 @@
 /* The cursor source (store/source/source.h, relay.source = cursor): one relay leads the table
- * and reads the rows above its position, up to the ordering watermark's fence (no row a running
- * transaction may still commit is ever passed); after the broker has confirmed a batch, the
+ * and reads the rows above its position. A row goes once every seq below it was read, or is at
+ * or below the ordering watermark's fence (no row a running transaction may still commit is
+ * ever passed, and a key's rows go in seq order); after the broker has confirmed a batch, the
  * position moves past it in one durable statement. Nothing is written into a published row.
  * The rows it cannot publish at once (failed, delayed, dead, never answered, or behind such a
  * row of their ordering key) are deferred: written as exceptions by that same statement, and
@@ -14,6 +15,7 @@
 #include "base/clock.h"
 #include "store/operator/admin.h"
 #include "store/source/cursor_keys.h"
+#include "store/source/gather.h"
 #include "store/source/lease.h"
 #include "store/source/position.h"
 #include "store/source/cursor_source_private.h"
@@ -27,6 +29,11 @@
 /* While rows wait for the watermark to settle, the read is tried again after 1, 2, 4 ... ms, at
  * most this. */
 #define SETTLE_PAUSE_MAX_MS 50
+/* A read reads the lock list (the watermark's sample, pg_lock_status(): every lock of the
+ * server) while a hole holds rows back, when the relay reads from idle (armed), first after
+ * leading, and after a read that found nothing at most this often; never while rows flow: a
+ * row whose every lower seq was read needs no fence. */
+#define SAMPLE_EVERY_MS 10
 
 /* ---- leading ---- */
 
@@ -61,6 +68,9 @@ static int lead(struct cursor *c, int64_t now)
 	c->leader = c->pos_known = true;
 	c->standby_said = false;
 	c->read_fence = 0;
+	c->hole = c->sampled_ms = 0;
+	c->hole_reads = 0;
+	c->read_rows = 0;
 	c->lane_due_ms = 0;
 	if (c->o.hooks.lead)
 		c->o.hooks.lead(c->o.hooks.arg, true, c->pos);
@@ -80,13 +90,34 @@ static int pass_row(struct cursor *c, const struct outbox_row *r)
 	return cursor_add_pass(c, &p);
 }
 
+/* Where the last read stopped at a hole (stuck) or went past it: see struct cursor. */
+static void note_hole(struct cursor *c, const struct cursor_read *r, bool stuck)
+{
+	if (stuck) {
+		int64_t hole = c->read_pos + 1;
+
+		if (c->hole != hole)
+			c->hole_reads = 0;
+		c->hole = hole;
+		c->hole_reads++;
+		c->read_full = false; /* the rows after the hole cannot go now */
+	} else if (!r->bounded || c->read_pos >= c->hole) {
+		c->hole = 0;
+		c->hole_reads = 0;
+	}
+}
+
 /* The batch out of the last read: its rows in order, up to the first one of a key already in
- * it (a key's rows go one at a time) or past the byte budget; rows that cannot go now are
- * passed. read_pos moves over every row looked at, and to the fence when all were. */
+ * it (a key's rows go one at a time) or past the byte budget, and never past a hole: a seq
+ * the read did not find above the fence, whose row may still be committed (its rows would
+ * come out of order, and the position would pass it). Rows that cannot go now are passed.
+ * read_pos moves over every row looked at, and to the fence when all were. */
 static int build(struct cursor *c, size_t *n)
 {
+	const struct cursor_read *rd = &c->reads[c->cur];
 	int64_t bytes = 0, max = c->o.store.batch_max_bytes;
 	size_t i, k = 0;
+	bool stuck = false;
 	int rc;
 
 	*n = 0;
@@ -106,6 +137,10 @@ static int build(struct cursor *c, size_t *n)
 		const struct position_seen *s = &c->reads[c->cur].seen[i];
 		unsigned f = r->ordering_key ? cursor_keys_get(&c->keys, r->ordering_key) : 0;
 
+		if (r->seq > c->read_pos + 1 && r->seq - 1 > rd->fence) {
+			stuck = true;
+			break;
+		}
 		if (s->later || s->dead || s->held || (f & CURSOR_KEY_PASSED)) {
 			if ((rc = pass_row(c, r)) != 0)
 				return rc;
@@ -120,8 +155,11 @@ static int build(struct cursor *c, size_t *n)
 		}
 		c->read_pos = r->seq;
 	}
-	if (i == c->reads[c->cur].rows.n && !c->read_full && c->read_fence > c->read_pos)
-		c->read_pos = c->read_fence;
+	/* Every row up to the fence was read (all of them, or up to a row past the fence): a
+	 * seq up to it that the read did not find will never be committed. */
+	if ((stuck || (i == rd->rows.n && !c->read_full)) && rd->fence > c->read_pos)
+		c->read_pos = rd->fence;
+	note_hole(c, rd, stuck);
 	*n = k;
 	return 0;
 }
@@ -151,8 +189,9 @@ void cursor_drop_ahead(struct cursor *c, size_t *n)
 static int read_into(struct cursor *c, struct cursor_read *r)
 {
 	struct position_carry carry;
+	struct position_ask ask;
+	int64_t now = clock_mono_ms();
 	bool carried;
-	int64_t fence;
 	int rc;
 
 	if (!c->out && c->n_passes && (rc = cursor_flush(c)) != 0)
@@ -160,10 +199,27 @@ static int read_into(struct cursor *c, struct cursor_read *r)
 	carry = (struct position_carry){ .from = c->pos, .to = c->out ? c->out_from : c->read_pos };
 	if ((carried = carry.to > c->pos))
 		cursor_moving(c, carry.to, false);
-	fence = store_watermark_safe(c->store);
-	rc = position_read(c->store, carried ? &carry : NULL, c->read_pos,
-	                   fence < c->read_pos ? c->read_pos : fence, c->o.store.batch_size,
-	                   &r->rows, &r->seen, &r->seen_cap, &r->fence);
+	ask = (struct position_ask){
+		.after = c->read_pos,
+		.fence = store_watermark_safe(c->store),
+		.limit = c->o.store.batch_size,
+		/* Stuck at a hole for a while (a transaction open for long): the rows after it
+		 * are not read again and again for nothing. */
+		.bounded = c->hole && c->hole_reads >= 2,
+		.sample = c->hole || c->sampled_ms == 0 || store_wakeup_armed(c->store) ||
+		          (c->read_rows == 0 && now - c->sampled_ms >= SAMPLE_EVERY_MS),
+		/* W tells idle() whether seqs were drawn that no read found yet; while rows
+		 * flow, the next read comes anyway. */
+		.w = c->read_rows == 0,
+	};
+	if (ask.fence < c->read_pos)
+		ask.fence = c->read_pos;
+	r->bounded = ask.bounded;
+	c->read_us = clock_mono_us();
+	rc = position_read(c->store, carried ? &carry : NULL, &ask, &r->rows, &r->seen,
+	                   &r->seen_cap, &r->fence);
+	if (rc == 0 && ask.sample)
+		c->sampled_ms = now;
 	if (rc != 0) {
 		if (carried)
 			c->moving_lost = true; /* it may have landed: lead() looks */
@@ -195,6 +251,11 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 	c->out_from = c->read_pos;
 	if ((rc = build(c, &n)) != 0)
 		return cursor_fail(c, SOURCE_STEP_READING, rc);
+	/* Gathering goes by the rows that could go (none behind a hole: its pauses are idle()'s). */
+	c->read_rows = c->hole ? 0 : r->rows.n;
+	c->read_keyed = false;
+	for (size_t i = 0; i < c->read_rows && !c->read_keyed; i++)
+		c->read_keyed = r->rows.rows[i].ordering_key != NULL;
 	if (n == 0)
 		return 0;
 	/* Still armed (a wake-up from idle): the batch goes first, the lock is let go by
@@ -227,12 +288,14 @@ static int idle(struct cursor *c, int64_t now, int64_t *ask_at_ms)
 		*ask_at_ms = now;
 		return 0;
 	}
-	if (store_watermark_safe(c->store) > c->read_fence) {
-		*ask_at_ms = now; /* the last read's sample settled rows it could not read yet */
-		return 0;
-	}
-	if (store_watermark_seen(c->store) > c->read_fence) {
-		/* Rows may be committed above the fence: read again once the watermark moves. */
+	if (c->hole || store_watermark_seen(c->store) > c->read_pos) {
+		if (store_watermark_safe(c->store) > c->read_fence) {
+			/* The last read's sample settled a fence it could not use yet. */
+			*ask_at_ms = now;
+			return 0;
+		}
+		/* Seqs drawn and not read yet (their transactions still running, or rolled back
+		 * and waiting for the fence to pass them): read again soon. */
 		*ask_at_ms = now + c->pause_ms;
 		c->pause_ms = c->pause_ms * 2 > SETTLE_PAUSE_MAX_MS ? SETTLE_PAUSE_MAX_MS
 		                                                    : c->pause_ms * 2;
@@ -288,6 +351,16 @@ int cursor_next(struct cursor *c, const struct source_batch **out, int64_t *ask_
 		if ((rc = lane_next(c, now, out)) != 0 || *out) {
 			c->prefer_lane = false;
 			return rc;
+		}
+	}
+	/* Gathering: behind a short read of rows without a key, the next one waits a little and
+	 * takes the rows of that time together. */
+	if (c->read_rows > 0) {
+		int64_t wait = source_gather_us(clock_mono_us() - c->read_us, c->read_rows,
+		                                c->o.store.batch_size, c->read_keyed);
+		if (wait > 0) {
+			*ask_at_ms = now + (wait + 999) / 1000;
+			return 0;
 		}
 	}
 	if ((rc = read_next(c, out)) != 0 || *out) {

@@ -25,8 +25,19 @@ struct cursor {
 	int64_t lead_at_ms; /* when to try for the lead again */
 	int64_t pos;        /* the table's position */
 	int64_t read_pos;   /* every row up to it was handed out or passed */
-	int64_t read_fence; /* the fence the last read went up to */
-	bool read_full;     /* the last read found as many rows as it asked for */
+	int64_t read_fence; /* the fence as the last read began */
+	bool read_full; /* the last read found as many rows as it asked for, all of them usable */
+	/* The first seq a read found missing below a row it found, above the fence: a row there
+	 * may still be committed, so the rows after it wait (0: none). hole_reads: reads that
+	 * stopped there; after two, reads go only up to the fence until it passes the hole. */
+	int64_t hole;
+	int hole_reads;
+	int64_t sampled_ms; /* when a read last read the lock list (0: not since leading) */
+	/* The last read: when it was sent, how many rows it found, whether one had a key
+	 * (gathering, source_gather_us()). */
+	int64_t read_us;
+	size_t read_rows;
+	bool read_keyed;
 
 	/* What the next move writes: the rows passed (their error texts owned), and how many
 	 * confirmed rows it records (owed until it lands). */
@@ -49,6 +60,7 @@ struct cursor {
 		struct position_seen *seen;
 		size_t seen_cap;
 		int64_t fence;
+		bool bounded; /* it read only up to the fence */
 	} reads[2];
 	int cur;
 	enum { AHEAD_NONE, AHEAD_READY } ahead;

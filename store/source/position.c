@@ -12,6 +12,8 @@
 #define ST_POS_MOVE  "outbox_position_move"
 #define ST_POS_CLAIM "outbox_position_claim"
 #define ST_POS_FENCE "outbox_position_fence"
+#define ST_POS_STEP  "outbox_position_step"
+#define ST_POS_W     "outbox_position_w"
 
 /* The read's columns after the row's (STORE_ROW_COLUMNS): what the cursor needs to know of it. */
 enum { POS_COL_LATER = COL_ATTEMPTS + 1, POS_COL_DEAD, POS_COL_HELD, POS_COL_COUNT };
@@ -30,8 +32,8 @@ static int prepare_all(struct store *s)
 
 	if (s->position_prepared)
 		return 0;
-	/* $1 after, $2 fence, $3 limit, $4 max_attempts, $5 strict. Always the second statement of
-	 * a round trip whose first is the fence's (ST_POS_FENCE), which samples the watermark. The
+	/* $1 after, $2 the highest seq to read, $3 limit, $4 max_attempts, $5 strict. Always the
+	 * second statement of a round trip whose first is the fence's (ST_POS_FENCE). The
 	 * held test looks for any older exception: every exception is older than a row above the
 	 * position. Later is by the clock, not now(): the transaction began with the statements
 	 * before the read (the fence's, the move's), and a row committed since has an
@@ -86,9 +88,27 @@ static int prepare_all(struct store *s)
 	                                " WHERE o.seq = b.seq RETURNING " STORE_ROW_COLUMNS,
 	             t, t, t)) != 0)
 		return rc;
-	/* $1 the fence so far. The first statement of a read from idle (position_read()): the
-	 * watermark's sample, and the fence the read after it may go up to, kept in the session's
-	 * outbox_relay.fence. */
+	/* $1 from, $2 to: the move a read carries (position_read()), which passes no rows. The
+	 * move's statement without its exceptions: starting a statement that could write them
+	 * opens the outbox table and each of its indexes, every time (a quarter of the relay's
+	 * database time under a moderate load). Durable and compare-and-set like it. */
+	if ((rc = store_prepare(s, ST_POS_STEP, 2,
+	                        "WITH durable AS (SELECT set_config('synchronous_commit', 'on',"
+	                        " true)) UPDATE %s_position q SET position = $2::bigint,"
+	                        " moved_at = now() FROM durable WHERE q.stream = 'main'"
+	                        " AND q.position = $1::bigint RETURNING 1",
+	                        t)) != 0)
+		return rc;
+	/* $1 the fence so far: the fence's statement when it does not read the lock list, with
+	 * its columns (the fence, W, no holders). */
+	if ((rc = store_prepare(s, ST_POS_W, 1,
+	                        "SELECT $1::bigint, COALESCE(pg_sequence_last_value("
+	                        "%u::oid::regclass), 0), NULL::text, 0::bigint",
+	                        s->seq_oid)) != 0)
+		return rc;
+	/* $1 the fence so far. The first statement of a read that samples the watermark
+	 * (position_read()): the sample, and the fence the read after it may go up to, kept in
+	 * the session's outbox_relay.fence. */
 	if ((rc = store_prepare(s, ST_POS_FENCE, 1,
 	                        "SELECT set_config('outbox_relay.fence', GREATEST($1::bigint,"
 	                        " CASE WHEN h.n = 0 THEN s.w END)::text, false), s.w, h.holders,"
@@ -270,45 +290,60 @@ static void move_lost_lead(struct store *s, int64_t from)
 	                s->table, (long long)from);
 }
 
-int position_read(struct store *s, struct position_carry *carry, int64_t after, int64_t fence,
-                  int limit, struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
+int position_read(struct store *s, struct position_carry *carry, const struct position_ask *ask,
+                  struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
                   int64_t *fence_used)
 {
-	char sql[512], move[160] = "";
+	char sql[640], move[160] = "", first[128] = "", upto[64];
 	PGresult *res[3] = { NULL, NULL, NULL };
-	PGresult **sample = carry ? &res[1] : &res[0], **rows = sample + 1;
-	int64_t used = fence;
+	bool w_first = ask->sample || ask->w;
+	PGresult **sample = carry ? &res[1] : &res[0], **rows = w_first ? sample + 1 : sample;
+	int64_t used = ask->fence, w = 0;
 	int rc;
 
 	out->n = 0;
-	*fence_used = fence;
+	*fence_used = ask->fence;
 	if ((rc = prepared(s)) != 0)
 		return rc;
-	/* The move first: it passes no rows, so its arrays are empty. */
+	/* The move first: it passes no rows. */
 	if (carry) {
 		carry->moved = 0;
-		snprintf(move, sizeof(move),
-		         "EXECUTE " ST_POS_MOVE "(%lld, %lld, '{}', '{}', '{}', '{}', '{}', %d); ",
-		         (long long)carry->from, (long long)carry->to, s->opts.max_attempts);
+		snprintf(move, sizeof(move), "EXECUTE " ST_POS_STEP "(%lld, %lld); ",
+		         (long long)carry->from, (long long)carry->to);
 	}
+	if (ask->sample)
+		snprintf(first, sizeof(first), "EXECUTE " ST_POS_FENCE "(%lld); ",
+		         (long long)ask->fence);
+	else if (ask->w)
+		snprintf(first, sizeof(first), "EXECUTE " ST_POS_W "(%lld); ",
+		         (long long)ask->fence);
+	/* Without the sample the fence is the one given; with it, what the sample settled. */
+	if (!ask->bounded)
+		snprintf(upto, sizeof(upto), "9223372036854775807");
+	else if (ask->sample)
+		snprintf(upto, sizeof(upto), "current_setting('outbox_relay.fence')::bigint");
+	else
+		snprintf(upto, sizeof(upto), "%lld", (long long)ask->fence);
 	/* The sample's statement ends before the read's begins, so the read's snapshot sees every
 	 * row up to a W that no transaction held when the sample looked (watermark.h). */
 	if ((rc = store_format_sql(s, sql, sizeof(sql),
-	                           "%sEXECUTE " ST_POS_FENCE "(%lld); EXECUTE " ST_POS_READ
-	                           "(%lld, current_setting('outbox_relay.fence')::bigint,"
-	                           " %d, %d, %s)",
-	                           move, (long long)fence, (long long)after, limit,
-	                           s->opts.max_attempts, s->opts.skip_dead ? "false" : "true")) !=
-	            0 ||
-	    (rc = store_exec_many(s, sql, res, carry ? 3 : 2,
+	                           "%s%sEXECUTE " ST_POS_READ "(%lld, %s, %d, %d, %s)", move, first,
+	                           (long long)ask->after, upto, ask->limit, s->opts.max_attempts,
+	                           s->opts.skip_dead ? "false" : "true")) != 0 ||
+	    (rc = store_exec_many(s, sql, res, 1 + (carry != NULL) + w_first,
 	                          "could not read rows above the position")) != 0)
 		return rc;
-	if (PQntuples(*sample) != 1 || store_parse_int64(PQgetvalue(*sample, 0, 0), &used) != 0) {
+	if (w_first &&
+	    (PQntuples(*sample) != 1 || store_parse_int64(PQgetvalue(*sample, 0, 0), &used) != 0 ||
+	     store_parse_int64(PQgetvalue(*sample, 0, 1), &w) != 0)) {
 		store_set_error(s, "the position read's sample returned something unreadable");
 		rc = STORE_ERR_QUERY;
 		goto out;
 	}
-	feed_sample(s, *sample, 1);
+	if (ask->sample)
+		feed_sample(s, *sample, 1);
+	else if (ask->w)
+		watermark_seen(&s->wm, w); /* no lock list: nothing is settled */
 	*fence_used = used;
 	if (carry && PQntuples(res[0]) != 1) {
 		/* Not moved: another relay leads, and its position says what may be read. */

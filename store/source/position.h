@@ -39,25 +39,40 @@ struct position_carry {
 	int moved; /* 1 when it moved, 0 when the position was no longer `from` */
 };
 
-/* Reads up to limit unpublished rows with after < seq <= fence, in seq order, into out (its
- * rows; token and lease unused) and seen[] (out->n of them; seen is reallocated as needed:
- * *seen_cap its size), and samples the ordering watermark (store_watermark_safe() gives the
- * fence that sample allows the next read).
- * One round trip of two statements: the first samples the watermark, and when nobody holds the
- * sequence its W is settled for the second, the read, which then goes up to W if that is
- * above fence. So a row committed while the relay was idle is read by the first read after
- * its notification, not by the one after that. *fence_used gets the fence the read used.
+/* What a read asks (position_read()). */
+struct position_ask {
+	int64_t after; /* rows with seq above it */
+	int64_t fence; /* the fence settled so far: every row up to it that will exist is visible */
+	int limit;
+	/* Only rows up to the fence (else every row above after, up to limit: the caller tells
+	 * which of them may go, store/source/cursor_source.c). */
+	bool bounded;
+	/* A first statement reads the lock list (pg_locks, every lock of the server), which may
+	 * settle a higher fence, and W, the highest seq drawn (store_watermark_seen()). */
+	bool sample;
+	bool w; /* without sample: a first statement reads W alone */
+};
+
+/* Reads up to ask->limit unpublished rows above ask->after (up to the fence when ask->bounded),
+ * in seq order, into out (its rows; token and lease unused) and seen[] (out->n of them; seen is
+ * reallocated as needed: *seen_cap its size). One round trip: with ask->sample, a first
+ * statement samples the ordering watermark (store_watermark_safe() gives the fence it allows),
+ * and when nobody holds the sequence its W is settled for the second, the read. So a row
+ * committed while the relay was idle is read by the first read after its notification, not by
+ * the one after that.
+ * *fence_used gets the fence as the read began: every row up to it that will ever exist was
+ * visible to it.
  * With carry, a move goes first in the same round trip and the same transaction (durable, as
  * position_move()'s): one round trip and one commit a batch instead of two. When the position
  * was no longer carry->from, carry->moved is 0, nothing was written and no rows are read (the
  * error text says another relay leads); an error leaves it unknown whether the move landed. */
-int position_read(struct store *s, struct position_carry *carry, int64_t after, int64_t fence,
-                  int limit, struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
+int position_read(struct store *s, struct position_carry *carry, const struct position_ask *ask,
+                  struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
                   int64_t *fence_used) __attribute__((warn_unused_result));
 /* The fence a read may use: every row with seq <= it that will ever exist is visible. */
 int64_t store_watermark_safe(const struct store *s);
-/* The highest seq the last sample saw drawn (a row up to it may be committed but not yet
- * readable below the fence). */
+/* The highest seq the last read saw drawn (a row up to it may be committed but not yet
+ * readable). */
 int64_t store_watermark_seen(const struct store *s);
 
 /* A row the position passes without publishing it, written with the move. */

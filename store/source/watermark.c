@@ -75,14 +75,19 @@ static size_t sort_unique(watermark_vxid *v, size_t n)
 	return k + 1;
 }
 
+void watermark_seen(struct watermark *wm, int64_t w)
+{
+	if (w > wm->last_w)
+		wm->last_w = w;
+}
+
 void watermark_sample(struct watermark *wm, int64_t w, const watermark_vxid *holders, size_t n,
                       bool complete)
 {
 	watermark_vxid now[WATERMARK_HOLDERS];
 	size_t k = 0;
 
-	if (w > wm->last_w)
-		wm->last_w = w;
+	watermark_seen(wm, w);
 	if (!complete || n > WATERMARK_HOLDERS) {
 		/* A list we could not keep whole: settling through it could take a missing
 		 * holder for an ended one. Wait for a sample that fits. */

@@ -60,6 +60,10 @@ int watermark_parse_vxid(const char *text, watermark_vxid *out);
 void watermark_sample(struct watermark *wm, int64_t w, const watermark_vxid *holders, size_t n,
                       bool complete);
 
+/* W read without the lock list: it settles nothing, but it is the highest seq drawn so far
+ * (last_w). */
+void watermark_seen(struct watermark *wm, int64_t w);
+
 /* The seq up to which the next statement may claim keyed rows. */
 static inline int64_t watermark_safe(const struct watermark *wm)
 {

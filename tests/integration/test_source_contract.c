@@ -104,6 +104,9 @@ static bool is_cursor(const struct contract_source *kind)
 }
 
 static struct fixture g_fx;
+/* A producer's connection of a test's own, closed by teardown() too: a test that fails with its
+ * transaction open must not leave the table locked behind it. */
+static PGconn *g_producer;
 
 /* The table as a new one, for the next source: no rows, no position (the cursor's, which says
  * the cursor runs the table). */
@@ -198,6 +201,8 @@ static void setup(void)
 
 static void teardown(void)
 {
+	PQfinish(g_producer);
+	g_producer = NULL;
 	fixture_teardown(&g_fx);
 }
 
@@ -705,5 +710,95 @@ Test(source_contract, cursor_a_key_waits_behind_its_failed_row)
 	cr_assert_eq(rows_where("id IN ('k-1', 'k-2') AND attempts = 0"), 2,
 	             "rows held behind a failure were charged");
 	cr_assert_eq(rows_where("id = 'k-0' AND attempts = 1"), 1);
+	close_source(&t);
+}
+
+/* A row of the table's as a producer's transaction of its own (c) inserts it. */
+static void insert_in(PGconn *c, const char *id, const char *key)
+{
+	harness_pg_exec(c,
+	                "INSERT INTO %s (id, exchange_name, routing_key, body, ordering_key)"
+	                " VALUES ('%s', 'ex', 'rk', '{}', %s%s%s)",
+	                g_fx.table, id, key ? "'" : "", key ? key : "NULL", key ? "'" : "");
+}
+
+/* A committed row whose lower seqs were all read goes at once, though a transaction still
+ * running holds a later seq (the ordering watermark cannot settle while it does); the later
+ * row follows once committed. */
+Test(source_contract, cursor_a_row_goes_while_a_later_seq_is_held)
+{
+	const struct contract_source *kind = cursor_kind();
+	PGconn *producer = g_producer = harness_pg_connect();
+	struct under_test t;
+	const struct source_batch *b;
+	char got[128];
+
+	fresh();
+	open_source(&t, kind, &g_fx, "contract-a");
+	cr_assert_null(next(&t));
+	insert_one("early", NULL, "now()");
+	harness_pg_exec(producer, "BEGIN");
+	insert_in(producer, "open", NULL);
+	b = next(&t);
+	cr_assert_not_null(b, "a committed row waited for a later transaction");
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "early");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	harness_pg_exec(producer, "COMMIT");
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "open");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	close_source(&t);
+}
+
+/* A row committed above a seq whose transaction still runs waits for it: nothing goes past the
+ * hole (the position would pass a row still to come, and a key's rows would go out of order).
+ * Once that transaction commits, its row goes first, then the key's next; once one rolls
+ * back, the fence passes its seq and the row after it goes. */
+Test(source_contract, cursor_a_row_waits_for_a_lower_seq_still_uncommitted)
+{
+	const struct contract_source *kind = cursor_kind();
+	PGconn *producer = g_producer = harness_pg_connect();
+	struct under_test t;
+	const struct source_batch *b;
+	char got[128];
+
+	fresh();
+	open_source(&t, kind, &g_fx, "contract-a");
+	cr_assert_null(next(&t));
+	harness_pg_exec(producer, "BEGIN");
+	insert_in(producer, "k-first", "key-1");
+	insert_one("k-second", "key-1", "now()");
+	for (int i = 0; i < 3; i++) {
+		cr_assert_null(next_once(&t), "a row went past a seq still uncommitted");
+		clock_sleep_us(20 * 1000);
+	}
+	harness_pg_exec(producer, "COMMIT");
+	for (int i = 0; i < 2; i++) {
+		char want[16];
+
+		b = next(&t);
+		cr_assert_not_null(b, "the key's row %d never came", i);
+		ids(b, got, sizeof(got));
+		snprintf(want, sizeof(want), "k-%s", i ? "second" : "first");
+		cr_assert_str_eq(got, want, "the key's rows out of seq order");
+		settle_all(&t, b, SOURCE_PUBLISHED);
+	}
+
+	harness_pg_exec(producer, "BEGIN");
+	insert_in(producer, "gone", NULL);
+	insert_one("after-gone", NULL, "now()");
+	cr_assert_null(next_once(&t), "a row went past a seq still uncommitted");
+	harness_pg_exec(producer, "ROLLBACK");
+	b = next(&t);
+	cr_assert_not_null(b, "a rolled-back seq held the rows after it for good");
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "after-gone");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	cr_assert_eq(rows_where("published_at IS NULL AND deferred_at IS NOT NULL"), 0);
 	close_source(&t);
 }

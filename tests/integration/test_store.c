@@ -1353,6 +1353,15 @@ Test(store, a_producer_that_tested_before_the_arm_is_caught_by_settling)
 	store_free(a);
 }
 
+/* A read of up to 10 rows above `after`, up to the fence, the lock list read: the cursor's
+ * read as it was before it read past the fence (position_ask). */
+#define ASK(after_, fence_)                        \
+	((struct position_ask){ .after = (after_), \
+	                        .fence = (fence_), \
+	                        .limit = 10,       \
+	                        .bounded = true,   \
+	                        .sample = true })
+
 /* The cursor's read after a quiet spell is given a stale fence (the last read's sample). The
  * sample its first statement takes, just before the read, settles a W nobody holds, so the read
  * finds the row committed meanwhile at once. While a producer holds a seq below a committed
@@ -1372,7 +1381,7 @@ Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
 	char err[256];
 
 	add("quiet", NULL, 0);
-	cr_assert_eq(position_read(r, NULL, 0, 0, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, &ASK(0, 0), &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 1, "the row committed while the relay was idle, read at once");
 	cr_assert_str_eq(b.rows[0].id, "quiet");
@@ -1382,17 +1391,81 @@ Test(store, cursor_read_goes_up_to_a_watermark_nobody_holds)
 	sql(producer, "BEGIN");
 	cr_assert_eq(outbox_add(producer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
 	add("after", NULL, 0);
-	cr_assert_eq(position_read(r, NULL, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, &ASK(fence, fence), &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 0, "a producer holds a seq below 'after': nothing may be read past it");
 	cr_assert_eq(used, fence, "the fence may not move while the sequence is held");
 
 	sql(producer, "COMMIT");
-	cr_assert_eq(position_read(r, NULL, fence, fence, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, &ASK(fence, fence), &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 2, "both rows, once the producer has committed");
 	cr_assert_str_eq(b.rows[0].id, "held");
 	cr_assert_str_eq(b.rows[1].id, "after");
+	store_batch_free(&b);
+	free(seen);
+	PQfinish(producer);
+	store_free(r);
+	store_free(a);
+}
+
+/* The cursor's read past the fence, and without the lock list. Unbounded, it returns the rows
+ * above `after` whatever the fence (the cursor decides which may go); without the sample its
+ * first statement reads W alone (or there is none) and settles nothing, even when nobody holds
+ * the sequence (a lock list not read says nothing of who holds it); with it, W is settled once
+ * nobody does. */
+Test(store, cursor_read_past_the_fence_and_without_the_lock_list)
+{
+	struct store *a = migrated("pos_past");
+	struct store *r = open_store(opts_for("relay-1", false));
+	PGconn *producer = harness_pg_connect();
+	struct outbox_message m = {
+		.id = "held", .exchange = "ex", .routing_key = "rk", .body = "x", .body_len = 1
+	};
+	struct store_batch b = { 0 };
+	struct position_seen *seen = NULL;
+	size_t cap = 0;
+	int64_t used = -1, fence, after;
+	struct position_ask ask;
+	char err[256];
+
+	cr_assert_eq(position_read(r, NULL, &ASK(0, 0), &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	fence = used;
+	/* A failed assertion leaves it open: the server ends it, and the table is not left locked. */
+	sql(producer, "SET idle_in_transaction_session_timeout = '20s'");
+	sql(producer, "BEGIN");
+	cr_assert_eq(outbox_add(producer, g_table, &m, err, sizeof(err)), OUTBOX_ADDED, "%s", err);
+	add("after", NULL, 0);
+	after = sql_int(g_admin, "SELECT seq FROM %s WHERE id = 'after'", g_table);
+
+	ask = (struct position_ask){ .after = fence, .fence = fence, .limit = 10, .w = true };
+	cr_assert_eq(position_read(r, NULL, &ask, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 1, "the committed row above the held seq, past the fence");
+	cr_assert_str_eq(b.rows[0].id, "after");
+	cr_assert_eq(used, fence, "no lock list read: no fence settled");
+	cr_assert_geq(store_watermark_seen(r), after, "W is read without the lock list");
+
+	ask.sample = true;
+	cr_assert_eq(position_read(r, NULL, &ask, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 1);
+	cr_assert_eq(used, fence, "the producer holds the sequence: the fence stays");
+
+	sql(producer, "COMMIT");
+	ask.sample = ask.w = false;
+	cr_assert_eq(position_read(r, NULL, &ask, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 2, "both rows, once the producer has committed");
+	cr_assert_str_eq(b.rows[0].id, "held");
+	cr_assert_eq(used, fence, "nobody holds the sequence, but the lock list was not read");
+	cr_assert_eq(store_watermark_safe(r), fence);
+
+	ask.sample = true;
+	cr_assert_eq(position_read(r, NULL, &ask, &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_geq(used, after, "sampled with nobody holding the sequence: W settled at once");
 	store_batch_free(&b);
 	free(seen);
 	PQfinish(producer);
@@ -1421,14 +1494,14 @@ Test(store, cursor_read_carries_the_move)
 	add("m1", NULL, 0);
 	add("m2", NULL, 0);
 	cr_assert_eq(position_lead(r, &pos), 1, "%s", store_errmsg(r));
-	cr_assert_eq(position_read(r, NULL, pos, pos, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, NULL, &ASK(pos, pos), &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(b.n, 2);
 	second = b.rows[1].seq;
 	add("m3", NULL, 0);
 
 	carry = (struct position_carry){ .from = pos, .to = second };
-	cr_assert_eq(position_read(r, &carry, second, used, 10, &b, &seen, &cap, &used), 0, "%s",
+	cr_assert_eq(position_read(r, &carry, &ASK(second, used), &b, &seen, &cap, &used), 0, "%s",
 	             store_errmsg(r));
 	cr_assert_eq(carry.moved, 1);
 	cr_assert_eq(position_of(), second, "the move landed with the read");
@@ -1436,7 +1509,7 @@ Test(store, cursor_read_carries_the_move)
 	cr_assert_str_eq(b.rows[0].id, "m3");
 
 	carry = (struct position_carry){ .from = pos, .to = b.rows[0].seq };
-	cr_assert_eq(position_read(r, &carry, b.rows[0].seq, used, 10, &b, &seen, &cap, &used), 0,
+	cr_assert_eq(position_read(r, &carry, &ASK(b.rows[0].seq, used), &b, &seen, &cap, &used), 0,
 	             "%s", store_errmsg(r));
 	cr_assert_eq(carry.moved, 0, "the position was no longer where this move starts");
 	cr_assert_eq(b.n, 0, "no rows read for a relay that does not lead");
@@ -1462,7 +1535,7 @@ static void *carried_read_main(void *arg)
 {
 	struct carried_read *cr = arg;
 
-	cr->rc = position_read(cr->r, &cr->carry, cr->carry.from, cr->carry.from, 10, &cr->b,
+	cr->rc = position_read(cr->r, &cr->carry, &ASK(cr->carry.from, cr->carry.from), &cr->b,
 	                       &cr->seen, &cr->cap, &cr->used);
 	return NULL;
 }
