@@ -133,6 +133,21 @@ static double load_rate(const struct bench *b, char *why, size_t len)
 	return BENCH_LOAD_RATE_DFLT;
 }
 
+/* The server processes of the relay's own sessions (its workers' and its maintenance's, by
+ * application_name) into pids: how many, at most cap. */
+static size_t relay_backends(PGconn *c, pid_t *pids, size_t cap)
+{
+	PGresult *r = PQexec(c, "SELECT pid FROM pg_stat_activity"
+	                        " WHERE application_name LIKE 'outbox-relay %' ORDER BY pid");
+	size_t n = 0;
+
+	if (PQresultStatus(r) == PGRES_TUPLES_OK)
+		for (int i = 0; i < PQntuples(r) && n < cap; i++)
+			pids[n++] = (pid_t)strtol(PQgetvalue(r, i, 0), NULL, 10);
+	PQclear(r);
+	return n;
+}
+
 /* One stretch of load at rate: the relay (d NULL) or the stand-in publisher (direct.h)
  * carries the producers' rows to the consumer. Prints its lines; the relay's stretch sets the
  * load figures, the stand-in's the floor's. */
@@ -149,6 +164,9 @@ static void load_stretch(struct bench *b, double rate, const char *why, long bat
 	struct load_producer pr[LOAD_PRODUCERS];
 	struct cpu_sample ca, cz;
 	struct cpu_cost cost;
+	pid_t own[8];
+	size_t n_own = 0;
+	double own0 = NAN, own1 = NAN;
 	int64_t *commit_us = NULL, *rtt_us = NULL, *v = NULL, *rv = NULL, t0_ns = 0, t0_us = 0;
 	int64_t last_us = 0, deadline;
 	atomic_int go, ready;
@@ -216,6 +234,8 @@ static void load_stretch(struct bench *b, double rate, const char *why, long bat
 		atomic_store(&go, 2);
 		goto join;
 	}
+	if (!direct && (n_own = relay_backends(c, own, sizeof(own) / sizeof(own[0]))) > 0)
+		own0 = cpu_pids_s(own, n_own);
 	cpu_sample(&ca, rp.pid);
 	t0_us = bench_mono_us();
 	t0_ns = latency_mono_ns();
@@ -245,6 +265,8 @@ join:
 	}
 	got = latency_wait(&lat, committed, LOAD_DRAIN_MS, LOAD_QUIET_MS);
 	cpu_sample(&cz, rp.pid);
+	if (n_own > 0)
+		own1 = cpu_pids_s(own, n_own); /* NAN when a session went (a reconnect) */
 	if ((!direct && !proc_relay_alive(b, &rp, what)) || mq_consumer_check(b, k, what) != 0)
 		goto out;
 	if (direct) {
@@ -308,6 +330,12 @@ join:
 	       "%.2f ms (target p99 <= 10 ms: %s)\n",
 	       what, p50, p95, p99, (double)v[n - 1] / 1000.0, p99 <= 10.0 ? "met" : "MISSED");
 	cpu_print(what, &cost, true);
+	/* Measured in the same stretch, so steadier than the difference with the floor below,
+	 * but it leaves out whatever the relay makes the other sessions spend. */
+	if (!isnan(own0) && !isnan(own1))
+		printf("%s: of the PostgreSQL CPU, the relay's own %zu sessions: %.1f us a "
+		       "message\n",
+		       what, n_own, (own1 - own0) * 1e6 / (double)committed);
 	/* The producers' inserts included: the sources differ by what the relay adds to them. */
 	bench_set(b, "load_pg_us", cost.pg_us);
 out:
