@@ -304,6 +304,15 @@ static int cursor_setup(struct src *s)
 	return db_exec(s->b, s->c, s->what, sql);
 }
 
+/* The ordering watermark's sample as the relay's statements take it: W first, then the
+ * transactions holding the seq sequence's lock, read after W (s.w and h.holders). Three %u: the
+ * sequence's OID, the database's, the sequence's. */
+#define SRC_SAMPLE_FROM                                                                          \
+	" FROM (SELECT COALESCE(pg_sequence_last_value(%u::oid::regclass), 0) AS w OFFSET 0) s," \
+	" LATERAL (SELECT string_agg(l.virtualtransaction, ',') AS holders FROM pg_locks l"      \
+	" WHERE l.locktype = 'relation' AND l.database = %u AND l.relation = %u"                 \
+	" AND l.pid IS DISTINCT FROM pg_backend_pid() AND s.w IS NOT NULL) h"
+
 /* The read: rows above the position up to the fence ($2), and a sample of the ordering
  * watermark taken after the statement's snapshot (store/statements.c's: W first, then the
  * transactions holding the seq sequence's lock, read after W). The sample is for the next
@@ -318,11 +327,7 @@ static int cursor_open(struct src *s)
 	if (open_session(s) != 0)
 		return -1;
 	snprintf(sql, sizeof(sql),
-	         "SELECT s.w, h.holders, r.* FROM (SELECT COALESCE(pg_sequence_last_value("
-	         "%u::oid::regclass), 0) AS w OFFSET 0) s, LATERAL (SELECT"
-	         " string_agg(l.virtualtransaction, ',') AS holders FROM pg_locks l"
-	         " WHERE l.locktype = 'relation' AND l.database = %u AND l.relation = %u"
-	         " AND l.pid IS DISTINCT FROM pg_backend_pid() AND s.w IS NOT NULL) h"
+	         "SELECT s.w, h.holders, r.*" SRC_SAMPLE_FROM
 	         " LEFT JOIN LATERAL (SELECT " SRC_COLUMNS " FROM %s o WHERE o.seq > $1::bigint"
 	         " AND o.seq <= $2::bigint ORDER BY o.seq LIMIT $3::int) r ON true",
 	         s->seq_oid, s->db_oid, s->seq_oid, SOURCES_TABLE);
@@ -454,13 +459,8 @@ static int skip_open(struct src *s)
 
 	if (cursor_open(s) != 0)
 		return -1;
-	snprintf(sql, sizeof(sql),
-	         "SELECT s.w, h.holders FROM (SELECT COALESCE(pg_sequence_last_value("
-	         "%u::oid::regclass), 0) AS w OFFSET 0) s, LATERAL (SELECT"
-	         " string_agg(l.virtualtransaction, ',') AS holders FROM pg_locks l"
-	         " WHERE l.locktype = 'relation' AND l.database = %u AND l.relation = %u"
-	         " AND l.pid IS DISTINCT FROM pg_backend_pid() AND s.w IS NOT NULL) h",
-	         s->seq_oid, s->db_oid, s->seq_oid);
+	snprintf(sql, sizeof(sql), "SELECT s.w, h.holders" SRC_SAMPLE_FROM, s->seq_oid, s->db_oid,
+	         s->seq_oid);
 	if (prepare(s, "sample", 0, sql) != 0)
 		return -1;
 	snprintf(sql, sizeof(sql),

@@ -722,20 +722,27 @@ static void insert_in(PGconn *c, const char *id, const char *key)
 	                g_fx.table, id, key ? "'" : "", key ? key : "NULL", key ? "'" : "");
 }
 
+/* The cursor source leading the emptied table, caught up, and a producer's connection of the
+ * test's own (closed by teardown()). */
+static PGconn *cursor_caught_up(struct under_test *t)
+{
+	fresh();
+	g_producer = harness_pg_connect();
+	open_source(t, cursor_kind(), &g_fx, "contract-a");
+	cr_assert_null(next(t));
+	return g_producer;
+}
+
 /* A committed row whose lower seqs were all read goes at once, though a transaction still
  * running holds a later seq (the ordering watermark cannot settle while it does); the later
  * row follows once committed. */
 Test(source_contract, cursor_a_row_goes_while_a_later_seq_is_held)
 {
-	const struct contract_source *kind = cursor_kind();
-	PGconn *producer = g_producer = harness_pg_connect();
 	struct under_test t;
+	PGconn *producer = cursor_caught_up(&t);
 	const struct source_batch *b;
 	char got[128];
 
-	fresh();
-	open_source(&t, kind, &g_fx, "contract-a");
-	cr_assert_null(next(&t));
 	insert_one("early", NULL, "now()");
 	harness_pg_exec(producer, "BEGIN");
 	insert_in(producer, "open", NULL);
@@ -760,15 +767,11 @@ Test(source_contract, cursor_a_row_goes_while_a_later_seq_is_held)
  * back, the fence passes its seq and the row after it goes. */
 Test(source_contract, cursor_a_row_waits_for_a_lower_seq_still_uncommitted)
 {
-	const struct contract_source *kind = cursor_kind();
-	PGconn *producer = g_producer = harness_pg_connect();
 	struct under_test t;
+	PGconn *producer = cursor_caught_up(&t);
 	const struct source_batch *b;
 	char got[128];
 
-	fresh();
-	open_source(&t, kind, &g_fx, "contract-a");
-	cr_assert_null(next(&t));
 	harness_pg_exec(producer, "BEGIN");
 	insert_in(producer, "k-first", "key-1");
 	insert_one("k-second", "key-1", "now()");
