@@ -33,8 +33,8 @@ static int prepare_all(struct store *s)
 	if (s->position_prepared)
 		return 0;
 	/* $1 after, $2 the highest seq to read, $3 limit, $4 max_attempts, $5 strict. Always the
-	 * second statement of a round trip whose first is the fence's (ST_POS_FENCE). The
-	 * held test looks for any older exception: every exception is older than a row above the
+	 * last statement of a read's round trip (position_read()), after the carried move's and
+	 * the fence's or W's when there are. The held test looks for any older exception: every exception is older than a row above the
 	 * position. Later is by the clock, not now(): the transaction began with the statements
 	 * before the read (the fence's, the move's), and a row committed since has an
 	 * available_at after its start (the producer's now()) though it is due. */
