@@ -131,7 +131,7 @@ static int build(struct cursor *c, size_t *n)
 	if (cursor_keys_reserve(&c->keys, c->reads[c->cur].rows.n) != 0)
 		return STORE_ERR_NOMEM;
 	cursor_keys_clear(&c->keys);
-	c->batch_keyed = false;
+	c->batch_keyed = c->read_keyed = false;
 	for (i = 0; i < c->reads[c->cur].rows.n; i++) {
 		const struct outbox_row *r = &c->reads[c->cur].rows.rows[i];
 		const struct position_seen *s = &c->reads[c->cur].seen[i];
@@ -141,6 +141,7 @@ static int build(struct cursor *c, size_t *n)
 			stuck = true;
 			break;
 		}
+		c->read_keyed |= r->ordering_key != NULL;
 		if (s->later || s->dead || s->held || (f & CURSOR_KEY_PASSED)) {
 			if ((rc = pass_row(c, r)) != 0)
 				return rc;
@@ -251,11 +252,9 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 	c->out_from = c->read_pos;
 	if ((rc = build(c, &n)) != 0)
 		return cursor_fail(c, SOURCE_STEP_READING, rc);
-	/* Gathering goes by the rows that could go (none behind a hole: its pauses are idle()'s). */
+	/* Gathering goes by the rows that could go (none behind a hole: its pauses are idle()'s);
+	 * build() said whether one of those it looked at had a key. */
 	c->read_rows = c->hole ? 0 : r->rows.n;
-	c->read_keyed = false;
-	for (size_t i = 0; i < c->read_rows && !c->read_keyed; i++)
-		c->read_keyed = r->rows.rows[i].ordering_key != NULL;
 	if (n == 0)
 		return 0;
 	/* Still armed (a wake-up from idle): the batch goes first, the lock is let go by

@@ -33,8 +33,8 @@ struct cursor {
 	int64_t hole;
 	int hole_reads;
 	int64_t sampled_ms; /* when a read last read the lock list (0: not since leading) */
-	/* The last read: when it was sent, how many rows it found, whether one had a key
-	 * (gathering, source_gather_us()). */
+	/* The last read: when it was sent, how many rows it found, whether one that build()
+	 * looked at had a key (gathering, source_gather_us()). */
 	int64_t read_us;
 	size_t read_rows;
 	bool read_keyed;
