@@ -87,6 +87,7 @@ void broker_free(struct broker *b)
 	free(b->props);
 	free(b->bodies);
 	free(b->scratch);
+	free(b->out);
 	confirm_tracker_free(&b->tracker);
 	broker_free_nodes(b);
 	close_pipe(b);
@@ -152,6 +153,7 @@ int broker_lost(struct broker *b)
 		b->conn = NULL;
 	}
 	b->connected = false;
+	b->out_len = 0; /* never written on another connection */
 	b->blocked = false;
 	b->check_open = false;
 	b->return_pending = false;

@@ -61,6 +61,10 @@ struct broker {
 	bool skip_frame_check;  /* broker_test_skip_frame_check() */
 	unsigned char *scratch; /* re-encodes the properties of a row whose publish failed */
 	size_t scratch_len;
+	/* Frames encoded by frame_writer.c, not yet written (whole messages only). */
+	unsigned char *out;
+	size_t out_len, out_cap;
+	bool out_batch; /* inside a batch's writing: the buffer is written when full or done */
 
 	/* broker_interrupt(): the socket it may shut down, and a pipe that wakes our polls. */
 	pthread_mutex_t fd_lock;
@@ -122,6 +126,20 @@ int broker_interrupted_err(struct broker *b, const char *what);
 /* A rabbitmq-c read or write failed with status: drops the connection and returns
  * BROKER_ERR_CONN, or BROKER_ERR_ABORTED after broker_interrupt(). */
 int broker_io_failed(struct broker *b, const char *what, int status);
+
+/* ---- frame_writer.c: a batch's publishes written with one send() ---- */
+/* The connection is plain TCP: publishes may be encoded here and written by us. */
+bool broker_out_direct(const struct broker *b);
+/* Appends a basic.publish (mandatory) of body with props on channel ch, its method, content
+ * header and body frames, to the buffer, and writes the buffer once it holds 64 kB. 1 when
+ * appended; 0 when rabbitmq-c's encoders refused it (nothing appended: publish it through
+ * rabbitmq-c, which says why); or an error (the connection dropped on a failed write). */
+int broker_out_append(struct broker *b, amqp_channel_t ch, amqp_bytes_t exchange,
+                      amqp_bytes_t routing_key, const amqp_basic_properties_t *props,
+                      amqp_bytes_t body) __attribute__((warn_unused_result));
+/* Writes what is buffered, waiting on a full socket as rabbitmq-c does (only a stop or
+ * broker_interrupt() ends that wait). BROKER_OK, or an error (connection dropped). */
+int broker_out_flush(struct broker *b) __attribute__((warn_unused_result));
 
 /* ---- frames.c: reading and answering frames ---- */
 /* Lets rabbitmq-c recycle channel ch's buffers: anything decoded there must be copied first. */

@@ -163,6 +163,7 @@ static bool encodable(struct broker *b, size_t i, char *text, size_t n)
 static int publish_row(struct broker *b, size_t i)
 {
 	const struct outbox_row *m = &b->msgs[i];
+	amqp_bytes_t exchange, rkey;
 	char text[128];
 	uint64_t tag;
 	int rc;
@@ -172,10 +173,22 @@ static int publish_row(struct broker *b, size_t i)
 		broker_set_err(b, "internal error: row %zu published twice on one channel", i);
 		return broker_lost(b);
 	}
-	rc = amqp_basic_publish(b->conn, PUBLISH_CHANNEL,
-	                        amqp_cstring_bytes(m->exchange != NULL ? m->exchange : ""),
-	                        amqp_cstring_bytes(m->routing_key != NULL ? m->routing_key : ""), 1,
-	                        0, &b->props[i], b->bodies[i]);
+	exchange = amqp_cstring_bytes(m->exchange != NULL ? m->exchange : "");
+	rkey = amqp_cstring_bytes(m->routing_key != NULL ? m->routing_key : "");
+	if (broker_out_direct(b)) {
+		rc = broker_out_append(b, PUBLISH_CHANNEL, exchange, rkey, &b->props[i],
+		                       b->bodies[i]);
+		if (rc == 1)
+			return b->out_batch ? BROKER_OK : broker_out_flush(b);
+		if (rc < 0)
+			return rc;
+		/* Refused by the encoders: rabbitmq-c publishes it, after what is buffered, and
+		 * reports why. */
+		if ((rc = broker_out_flush(b)) != BROKER_OK)
+			return rc;
+	}
+	rc = amqp_basic_publish(b->conn, PUBLISH_CHANNEL, exchange, rkey, 1, 0, &b->props[i],
+	                        b->bodies[i]);
 	if (rc == AMQP_STATUS_OK)
 		return BROKER_OK;
 	if (!atomic_load(&b->interrupted) && !encodable(b, i, text, sizeof(text))) {
@@ -251,16 +264,23 @@ _Static_assert(sizeof(((struct broker_result *)0)->trace_id) == MESSAGE_MAP_TRAC
                "broker_result.trace_id holds what message_map_trace_id() writes");
 
 /* Holds a batch's frames in the kernel while they are written, so that they leave in full
- * segments: rabbitmq-c writes every frame with a send() of its own, and pushing a segment out
- * per message was most of the relay's CPU per message. Off again once the batch is written,
- * which sends the rest at once. The socket is TCP with or without TLS; a failure changes only
- * the speed. */
+ * segments: over TLS rabbitmq-c writes every frame with a send() of its own, and pushing a
+ * segment out per message was most of the relay's CPU per message (on plain TCP the frames go
+ * out 64 kB at a time anyway: frame_writer.c). Off again once the batch is written, which
+ * sends the rest at once. The socket is TCP with or without TLS; a failure changes only the
+ * speed. */
 static void cork(struct broker *b, int on)
 {
 	int fd = b->conn ? amqp_get_sockfd(b->conn) : -1; /* NULL: lost while writing */
 
 	if (fd >= 0)
 		(void)setsockopt(fd, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
+}
+
+/* Writes the frames buffered so far (frame_writer.c), if any. */
+static int write_out(struct broker *b)
+{
+	return b->out_len > 0 ? broker_out_flush(b) : BROKER_OK;
 }
 
 int broker_publish(struct broker *b, const struct outbox_row *msgs, size_t n,
@@ -316,6 +336,7 @@ int broker_publish(struct broker *b, const struct outbox_row *msgs, size_t n,
 		cork(b, 1);
 		corked = true;
 	}
+	b->out_batch = true;
 	for (size_t i = 0; i < n && !b->channel_closed; i++) {
 		if (res[i].outcome != BROKER_PENDING || deferred(b, i))
 			continue;
@@ -325,12 +346,18 @@ int broker_publish(struct broker *b, const struct outbox_row *msgs, size_t n,
 		/* Read acks that have already arrived now and then, so that they do not pile up
 		 * in the socket buffer while a large batch is written. */
 		if (++sent % DRAIN_EVERY == 0) {
-			rc = broker_drain(b);
+			rc = write_out(b);
+			if (rc == BROKER_OK)
+				rc = broker_drain(b);
 			if (rc != BROKER_OK)
 				goto out;
 		}
 	}
+	if (rc == BROKER_OK)
+		rc = write_out(b);
 out:
+	b->out_batch = false;
+	b->out_len = 0; /* written, or the connection is gone */
 	if (corked)
 		cork(b, 0);
 	if (rc != BROKER_OK) {
@@ -572,24 +599,33 @@ static void update_proven(struct broker *b)
 static int publish_group(struct broker *b, bool retry)
 {
 	size_t sent = 0;
-	int rc;
+	int rc = BROKER_OK;
 
 	update_proven(b);
+	b->out_batch = true;
 	for (size_t i = 0; i < b->n && !b->channel_closed; i++) {
 		if ((b->msgs[i].attempts > 0) != retry || !ready_to_send(b, i))
 			continue;
 		if (b->bodies[i].len > b->proven_body) {
-			if (sent > 0)
-				return 1;
-			rc = publish_row(b, i);
-			return rc < 0 ? rc : 1;
+			if (sent == 0) {
+				rc = publish_row(b, i);
+				sent++;
+			}
+			break;
 		}
 		rc = publish_row(b, i);
-		if (rc == BROKER_OK && ++sent % DRAIN_EVERY == 0)
+		if (rc == BROKER_OK && ++sent % DRAIN_EVERY == 0 &&
+		    (rc = write_out(b)) == BROKER_OK)
 			rc = broker_drain(b);
 		if (rc != BROKER_OK)
-			return rc;
+			break;
 	}
+	if (rc == BROKER_OK)
+		rc = write_out(b);
+	b->out_batch = false;
+	b->out_len = 0;
+	if (rc != BROKER_OK)
+		return rc;
 	return sent > 0 || b->channel_closed;
 }
 
