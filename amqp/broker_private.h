@@ -133,7 +133,8 @@ bool broker_out_direct(const struct broker *b);
 /* Appends a basic.publish (mandatory) of body with props on channel ch, its method, content
  * header and body frames, to the buffer, and writes the buffer once it holds 64 kB. 1 when
  * appended; 0 when rabbitmq-c's encoders refused it (nothing appended: publish it through
- * rabbitmq-c, which says why); or an error (the connection dropped on a failed write). */
+ * rabbitmq-c, which says why); BROKER_ERR_NOMEM (nothing appended, the connection kept); or
+ * another error (the connection dropped on a failed write). */
 int broker_out_append(struct broker *b, amqp_channel_t ch, amqp_bytes_t exchange,
                       amqp_bytes_t routing_key, const amqp_basic_properties_t *props,
                       amqp_bytes_t body) __attribute__((warn_unused_result));

@@ -1,8 +1,8 @@
-/* A batch's publishes written with one send(): rabbitmq-c writes every frame of a message
+/* A batch's publishes written 64 kB at a time: rabbitmq-c writes every frame of a message
  * (method, content header, body) with a send() of its own, and those system calls were most
  * of the relay's CPU per message. On a plain TCP connection the frames are encoded here, with
- * rabbitmq-c's own encoders, into one buffer that is written when it fills or the batch is
- * written. A TLS connection keeps rabbitmq-c's path (its socket is the library's). */
+ * rabbitmq-c's own encoders, into one buffer that is written when it holds 64 kB or the batch
+ * is written. A TLS connection keeps rabbitmq-c's path (its socket is the library's). */
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>

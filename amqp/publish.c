@@ -180,6 +180,9 @@ static int publish_row(struct broker *b, size_t i)
 		                       b->bodies[i]);
 		if (rc == 1)
 			return b->out_batch ? BROKER_OK : broker_out_flush(b);
+		/* Its delivery tag is spent: the channel cannot go on, as when rabbitmq-c fails. */
+		if (rc == BROKER_ERR_NOMEM)
+			return broker_lost(b);
 		if (rc < 0)
 			return rc;
 		/* Refused by the encoders: rabbitmq-c publishes it, after what is buffered, and
