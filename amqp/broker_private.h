@@ -127,7 +127,7 @@ int broker_interrupted_err(struct broker *b, const char *what);
  * BROKER_ERR_CONN, or BROKER_ERR_ABORTED after broker_interrupt(). */
 int broker_io_failed(struct broker *b, const char *what, int status);
 
-/* ---- frame_writer.c: a batch's publishes written with one send() ---- */
+/* ---- frame_writer.c: a batch's publishes written 64 kB at a time ---- */
 /* The connection is plain TCP: publishes may be encoded here and written by us. */
 bool broker_out_direct(const struct broker *b);
 /* Appends a basic.publish (mandatory) of body with props on channel ch, its method, content

@@ -158,14 +158,13 @@ int broker_out_flush(struct broker *b)
 	size_t off = 0;
 	int fd = b->conn ? amqp_get_sockfd(b->conn) : -1;
 
+	if (fd < 0 && b->out_len > 0) {
+		b->out_len = 0;
+		return broker_io_failed(b, "publishing", AMQP_STATUS_SOCKET_ERROR);
+	}
 	while (off < b->out_len) {
-		ssize_t w;
+		ssize_t w = send(fd, b->out + off, b->out_len - off, MSG_NOSIGNAL);
 
-		if (fd < 0) {
-			b->out_len = 0;
-			return broker_io_failed(b, "publishing", AMQP_STATUS_SOCKET_ERROR);
-		}
-		w = send(fd, b->out + off, b->out_len - off, MSG_NOSIGNAL);
 		if (w > 0) {
 			off += (size_t)w;
 			continue;
