@@ -68,6 +68,9 @@ struct under_test {
 static atomic_int g_stopping;
 /* relay.poll_interval of the sources open_source() opens; setup() puts back POLL_MS. */
 static int64_t g_poll_ms = POLL_MS;
+/* Their sessions' application_name; setup() puts back APP_NAME. */
+#define APP_NAME "outbox-relay contract test"
+static const char *g_app_name = APP_NAME;
 
 static void open_source(struct under_test *t, const struct contract_source *kind,
                         const struct fixture *fx, const char *relay_id)
@@ -75,7 +78,7 @@ static void open_source(struct under_test *t, const struct contract_source *kind
 	memset(t, 0, sizeof(*t));
 	t->kind = kind;
 	t->o.store = fixture_store_options(fx, relay_id, false);
-	t->o.store.application_name = "outbox-relay contract test";
+	t->o.store.application_name = g_app_name;
 	t->o.store.batch_size = BATCH;
 	t->o.confirm_timeout_ms = 5000;
 	t->o.poll_interval_ms = g_poll_ms;
@@ -196,6 +199,7 @@ static void setup(void)
 
 	atomic_store(&g_stopping, 0);
 	g_poll_ms = POLL_MS;
+	g_app_name = APP_NAME;
 	fixture_setup(&g_fx, "src", &o);
 }
 
@@ -758,6 +762,44 @@ Test(source_contract, cursor_a_row_goes_while_a_later_seq_is_held)
 	cr_assert_str_eq(got, "open");
 	settle_all(&t, b, SOURCE_PUBLISHED);
 	cr_assert_null(next(&t));
+	close_source(&t);
+}
+
+/* Woken from idle by a row whose every lower seq was read, the cursor reads it without reading
+ * the lock list (the watermark's sample: the costliest statement of a read, which the row
+ * would wait for). Its session's last statement, the read that handed the row out, says what
+ * it ran. A row behind a hole still gets its sample (the test below). */
+Test(source_contract, cursor_a_wake_up_reads_without_the_lock_list)
+{
+	struct under_test t;
+	char app[64], *last;
+	const struct source_batch *b;
+	bool woken = false;
+	int64_t end;
+
+	snprintf(app, sizeof(app), "contract wake-up %ld", (long)getpid());
+	g_app_name = app;
+	(void)cursor_caught_up(&t);
+	insert_one("woken", NULL, "now()");
+	end = clock_mono_ms() + WAIT_MS;
+	while (!woken && clock_mono_ms() < end) {
+		struct pollfd p = { .fd = source_fd(t.src), .events = POLLIN };
+
+		(void)poll(&p, 1, 1000);
+		cr_assert_eq(source_input(t.src, &woken), 0, "%s", source_errmsg(t.src));
+	}
+	cr_assert(woken, "the cursor was not woken by a committed row");
+	b = next_once(&t);
+	cr_assert_not_null(b, "the wake-up's first read did not hand the row out");
+	last = harness_pg_string(
+	        g_fx.pg, "SELECT query FROM pg_stat_activity WHERE application_name = '%s'", app);
+	cr_assert_not_null(last, "the cursor's session is gone");
+	cr_assert(strstr(last, "outbox_position_read") != NULL,
+	          "the session's last statement was not the read: %s", last);
+	cr_assert(strstr(last, "outbox_position_fence") == NULL,
+	          "the wake-up read the lock list: %s", last);
+	free(last);
+	settle_all(&t, b, SOURCE_PUBLISHED);
 	close_source(&t);
 }
 
