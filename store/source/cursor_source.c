@@ -395,9 +395,11 @@ int cursor_prefetch(struct cursor *c, const struct source_batch *b)
 	if (store_wakeup_armed(c->store) && (rc = position_disarm(c->store)) != 0)
 		return cursor_fail(c, SOURCE_STEP_DISARMING, rc);
 	/* Behind a short read the rows come one commit at a time: reading while the broker
-	 * confirms would find few or none and cost a round trip and a sample all the same. The
-	 * read after the confirms goes instead (and carries the move). */
-	if (!c->read_full)
+	 * confirms would find few or none and cost a round trip all the same. The read after the
+	 * confirms goes instead (and carries the move). A read of at least an eighth of a batch
+	 * (what gathering does not wait for) says rows are queueing: the relay fell behind, and
+	 * reading after the confirms would keep it behind (see the comment above). */
+	if (!c->read_full && c->read_rows * 8 < (size_t)c->o.store.batch_size)
 		return 0;
 	if ((rc = read_into(c, &c->reads[1 - c->cur])) != 0)
 		return rc;

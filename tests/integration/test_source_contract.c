@@ -68,6 +68,8 @@ struct under_test {
 static atomic_int g_stopping;
 /* relay.poll_interval of the sources open_source() opens; setup() puts back POLL_MS. */
 static int64_t g_poll_ms = POLL_MS;
+/* Their relay.batch_size; setup() puts back BATCH. */
+static int g_batch = BATCH;
 /* Their sessions' application_name; setup() puts back APP_NAME. */
 #define APP_NAME "outbox-relay contract test"
 static const char *g_app_name = APP_NAME;
@@ -79,7 +81,7 @@ static void open_source(struct under_test *t, const struct contract_source *kind
 	t->kind = kind;
 	t->o.store = fixture_store_options(fx, relay_id, false);
 	t->o.store.application_name = g_app_name;
-	t->o.store.batch_size = BATCH;
+	t->o.store.batch_size = g_batch;
 	t->o.confirm_timeout_ms = 5000;
 	t->o.poll_interval_ms = g_poll_ms;
 	t->o.stopping = &g_stopping;
@@ -200,6 +202,7 @@ static void setup(void)
 	atomic_store(&g_stopping, 0);
 	g_poll_ms = POLL_MS;
 	g_app_name = APP_NAME;
+	g_batch = BATCH;
 	fixture_setup(&g_fx, "src", &o);
 }
 
@@ -635,6 +638,59 @@ static int64_t position_now(void)
 {
 	return harness_pg_int(g_fx.pg, "SELECT position FROM %s_position WHERE stream = 'main'",
 	                      g_fx.table);
+}
+
+/* While the broker confirms a batch, the cursor reads the next one ahead when rows are queueing:
+ * behind a read of at least an eighth of a batch (here 16: 2 rows), not behind a shorter one
+ * (under a trickle such a read finds next to nothing). Seen by a row committed after the read
+ * ahead: it is not in the batch that read hands out, and it is in the one a read after the
+ * confirms hands out. */
+Test(source_contract, cursor_reads_ahead_when_rows_queue)
+{
+	const struct contract_source *kind = cursor_kind();
+	struct under_test t;
+	const struct source_batch *b;
+	char got[128];
+
+	fresh();
+	g_batch = 16;
+	open_source(&t, kind, &g_fx, "contract-a");
+	cr_assert_null(next(&t));
+
+	/* Three rows at once: queueing. */
+	insert_one("q-1", NULL, "now()");
+	insert_one("q-2", NULL, "now()");
+	insert_one("q-3", NULL, "now()");
+	b = next(&t);
+	cr_assert_not_null(b);
+	cr_assert_eq(b->n, 3);
+	insert_one("ahead", NULL, "now()");
+	cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+	insert_one("after", NULL, "now()");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "ahead", "behind 3 rows the next batch was not read ahead");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+
+	/* One row: a trickle. The read ahead's one row went alone, so the next read waits (it
+	 * gathers) and takes both rows committed meanwhile. */
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "after");
+	insert_one("late", NULL, "now()");
+	cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+	insert_one("later", NULL, "now()");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "late,later", "behind one row the next batch was read ahead");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	close_source(&t);
 }
 
 /* A batch the broker confirmed whole is recorded by the move the next read carries in its
