@@ -14,6 +14,7 @@
 #define BENCH_ROW_FIGURES  13   /* summary keys of one measurement */
 #define BENCH_BATCH_DFLT   500  /* relay.batch_size when --batch is not given */
 #define BENCH_WORKERS_DFLT 1    /* relay.workers when --workers is not given */
+#define BENCH_ROUNDS_MAX   20   /* --rounds at most */
 /* The load run's commits per second when --load-rate is not given and the relay's throughput
  * was not measured in the same run (it is half of that otherwise). */
 #define BENCH_LOAD_RATE_DFLT 4000
@@ -56,6 +57,10 @@ struct bench_options {
 	long load_batch;  /* the load run's rows per commit (0 = 1) */
 	unsigned sources; /* bit (1u << enum bench_source) for each source to measure */
 	enum bench_topology topology;
+	/* --rounds: the selected measurements run this many times in turn (1 = once), and the
+	 * relay's throughput is judged by the median of its ratios to the limit measured just
+	 * before it, round by round (relay_rounds_report()) */
+	int rounds;
 };
 
 /* A key of the summary line and how many decimals its value gets there. */
@@ -74,6 +79,13 @@ struct bench {
 	/* What the running measurement calls itself in its lines and failures: its name, and
 	 * "<name>/<source>" for a measurement that runs once per source ("relay/cursor"). */
 	char what[BENCH_KEY_LEN];
+	/* With --rounds: the round that runs now (0 ..), and each round's limit and relay
+	 * throughput per source (NAN where it was not measured), for the medians. */
+	int round;
+	struct {
+		double limit;
+		double relay[BENCH_N_SOURCES];
+	} by_round[BENCH_ROUNDS_MAX];
 	size_t n_figures;
 	struct {
 		char key[BENCH_KEY_LEN];
@@ -110,6 +122,9 @@ void measure_sources(struct bench *b);  /* sources.c */
 void measure_history(struct bench *b);  /* history.c */
 void report_memory(struct bench *b);    /* memory.c */
 void report_versus(struct bench *b);    /* versus.c */
+/* With --rounds: each source's throughput and ratio to the limit, round by round, and their
+ * medians, which the summary line gets (relay.c). */
+void relay_rounds_report(struct bench *b);
 
 /* ---- sources ---- */
 /* "lease" or "cursor": relay.source's value. */

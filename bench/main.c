@@ -244,6 +244,7 @@ static void usage(FILE *out)
 	      "                    [--rows N] [--backlog N] [--seconds S] [--workers N]\n"
 	      "                    [--history plain|partitioned|both]\n"
 	      "                    [--batch N] [--retention D] [--load-rate R] [--load-batch N]\n"
+	      "                    [--rounds N]\n"
 	      "  NAME: ",
 	      out);
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
@@ -262,8 +263,12 @@ static void usage(FILE *out)
 	        "  --load-rate: rows/s of the load run (default: half the relay's figure of the\n"
 	        "  same run and source, else %d)\n"
 	        "  --load-batch: rows per commit of the load run (default 1)\n"
+	        "  --rounds: run the selected measurements N times in turn (at most %d); the\n"
+	        "  relay's ratio is taken to the limit of its own round, and the summary gets\n"
+	        "  the medians (--only limit,relay --rounds 5: a ratio the broker's moods do\n"
+	        "  not decide); other figures are the last round's\n"
 	        "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n",
-	        BENCH_LOAD_RATE_DFLT);
+	        BENCH_LOAD_RATE_DFLT, BENCH_ROUNDS_MAX);
 }
 
 static int parse_long(const char *s, long min, long max, long *out)
@@ -361,7 +366,7 @@ static int parse_topology(const char *s, enum bench_topology *out)
 /* Fills o from argv; 0 to run, 1 when --help was printed, 2 on a bad argument. */
 static int parse_args(int argc, char **argv, struct bench_options *o)
 {
-	long rows = 0, backlog = 0, secs = 0;
+	long rows = 0, backlog = 0, secs = 0, rounds = 1;
 
 	o->retention = "30d";
 	o->history_tables = 3u;
@@ -397,6 +402,9 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 		} else if (strcmp(a, "--batch") == 0 && v &&
 		           parse_long(v, 1, 10000, &o->batch) == 0) {
 			i++;
+		} else if (strcmp(a, "--rounds") == 0 && v &&
+		           parse_long(v, 1, BENCH_ROUNDS_MAX, &rounds) == 0) {
+			i++;
 		} else if (strcmp(a, "--load-rate") == 0 && v &&
 		           parse_long(v, 1, 1000000, &o->load_rate) == 0) {
 			i++;
@@ -427,6 +435,7 @@ static int parse_args(int argc, char **argv, struct bench_options *o)
 		return 2;
 	}
 	o->rows = rows;
+	o->rounds = (int)rounds;
 	o->n_tput = rows ? rows : o->quick ? 10000 : 100000;
 	o->n_backlog = backlog ? backlog : o->quick ? 100000 : 1000000;
 	o->phase_s = secs ? (int)secs : o->quick ? 3 : 10;
@@ -464,21 +473,29 @@ static void run_all(struct bench *b)
 {
 	int turn = 0;
 
-	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
-		const struct bench_measurement *m = &measurements[i];
+	for (b->round = 0; b->round < b->opt.rounds && !bench_interrupted(); b->round++) {
+		if (b->opt.rounds > 1)
+			printf("round %d of %d\n", b->round + 1, b->opt.rounds);
+		for (size_t i = 0; i < N_MEASUREMENTS; i++) {
+			const struct bench_measurement *m = &measurements[i];
 
-		if (!m->run || !(b->opt.only ? listed(b->opt.only, m->name) : in_full_run(m->name)))
-			continue;
-		for (int j = 0; j < (m->per_source ? BENCH_N_SOURCES : 1); j++) {
-			enum bench_source s = (enum bench_source)(turn % 2 == 0 ? j : 1 - j);
-
-			if (m->per_source && !bench_measures(b, s))
+			if (!m->run ||
+			    !(b->opt.only ? listed(b->opt.only, m->name) : in_full_run(m->name)))
 				continue;
-			enter(b, m, s);
-			m->run(b);
+			for (int j = 0; j < (m->per_source ? BENCH_N_SOURCES : 1); j++) {
+				enum bench_source s =
+				        (enum bench_source)(turn % 2 == 0 ? j : 1 - j);
+
+				if (m->per_source && !bench_measures(b, s))
+					continue;
+				enter(b, m, s);
+				m->run(b);
+			}
+			turn += m->per_source;
 		}
-		turn += m->per_source;
 	}
+	if (b->opt.rounds > 1)
+		relay_rounds_report(b);
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
 		const struct bench_measurement *m = &measurements[i];
 
@@ -523,6 +540,11 @@ int main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < N_MEASUREMENTS; i++)
 		declare_row(&b, &measurements[i]);
+	for (int r = 0; r < BENCH_ROUNDS_MAX; r++) {
+		b.by_round[r].limit = NAN;
+		for (int s = 0; s < BENCH_N_SOURCES; s++)
+			b.by_round[r].relay[s] = NAN;
+	}
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;

@@ -4,6 +4,7 @@
  * producers' insert path, the figures a change to the database side is judged by. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "bench/bench.h"
 #include "bench/drain.h"
@@ -13,6 +14,71 @@
 /* Single-row commits of the insert probe: enough for a stable figure, a few seconds. */
 #define INSERT_PROBE_ROWS       5000
 #define INSERT_PROBE_ROWS_QUICK 2000
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of v[0 .. n), n > 0 (v is sorted in place). */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), by_value);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void relay_rounds_report(struct bench *b)
+{
+	double limits[BENCH_ROUNDS_MAX], rates[BENCH_ROUNDS_MAX], ratios[BENCH_ROUNDS_MAX];
+	double target = bench_ratio_target(b);
+	int n = 0;
+
+	for (int r = 0; r < b->opt.rounds; r++)
+		if (!isnan(b->by_round[r].limit))
+			limits[n++] = b->by_round[r].limit;
+	if (n > 0) {
+		b->source = BENCH_LEASE;
+		bench_set(b, "limit", median(limits, n));
+		printf("limit: median of %d rounds %.0f msgs/s (from %.0f to %.0f)\n", n,
+		       bench_get(b, "limit"), limits[0], limits[n - 1]);
+	}
+	for (int s = 0; s < BENCH_N_SOURCES; s++) {
+		int nr = 0, nq = 0;
+
+		if (!bench_measures(b, (enum bench_source)s))
+			continue;
+		b->source = (enum bench_source)s;
+		printf("relay/%s: by round (limit, relay msgs/s, ratio):", bench_source_name(s));
+		for (int r = 0; r < b->opt.rounds; r++) {
+			double l = b->by_round[r].limit, x = b->by_round[r].relay[s];
+
+			if (isnan(x))
+				continue;
+			rates[nr++] = x;
+			printf(" %.0f %.0f", l, x);
+			if (!isnan(l)) {
+				ratios[nq++] = x / l;
+				printf(" %.2f", x / l);
+			}
+			printf(";");
+		}
+		printf("\n");
+		if (nr == 0)
+			continue;
+		bench_set(b, "relay", median(rates, nr));
+		if (nq == 0)
+			continue;
+		bench_set(b, "ratio", median(ratios, nq));
+		printf("relay/%s: median ratio to limit of %d rounds %.2f (from %.2f to %.2f; "
+		       "topology %s, target >= %.2f: %s)\n",
+		       bench_source_name(s), nq, bench_get(b, "ratio"), ratios[0], ratios[nq - 1],
+		       bench_topology_name(b->opt.topology), target,
+		       bench_get(b, "ratio") >= target ? "met" : "MISSED");
+	}
+	b->source = BENCH_LEASE;
+}
 
 void measure_relay(struct bench *b)
 {
@@ -26,6 +92,7 @@ void measure_relay(struct bench *b)
 	if (drain_run(b, what, "bench_tput", b->opt.n_tput, 0, false, &d) != 0)
 		return;
 	bench_set(b, "relay", d.rate);
+	b->by_round[b->round].relay[b->source] = d.rate;
 	memory_note(b, &d, true);
 	printf("%s: %ld pre-filled rows of %d B, start -> all confirmed and marked: %.2f s "
 	       "(first delivery after %.3f s), %.0f msgs/s; peak RSS %ld kB (VmHWM), "
