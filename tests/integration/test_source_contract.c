@@ -135,6 +135,23 @@ static const struct source_batch *next_once(struct under_test *t)
 	return b;
 }
 
+/* Whether the source, idle, is woken within WAIT_MS: its descriptor polled, source_input()
+ * called each time it turns readable (or a second passes) until it says rows may have come. */
+static bool wait_woken(struct under_test *t)
+{
+	int64_t end = clock_mono_ms() + WAIT_MS;
+	bool woken = false;
+
+	while (!woken && clock_mono_ms() < end) {
+		struct pollfd p = { .fd = source_fd(t->src), .events = POLLIN };
+
+		(void)poll(&p, 1, 1000);
+		cr_assert_eq(source_input(t->src, &woken), 0, "%s: input: %s", t->kind->name,
+		             source_errmsg(t->src));
+	}
+	return woken;
+}
+
 /* Rows of the table with cond (SQL) true. */
 static int64_t rows_where(const char *cond)
 {
@@ -514,21 +531,12 @@ Test(source_contract, a_row_committed_while_idle_wakes_the_source)
 		fresh();
 		struct under_test t;
 		const struct source_batch *b;
-		bool woken = false;
-		int64_t end;
 
 		open_source(&t, &SOURCES[k], &g_fx, "contract-a");
 		cr_assert_null(next(&t));
 		cr_assert_geq(source_fd(t.src), 0);
 		insert(&g_fx, 1, SOURCES[k].name);
-		end = clock_mono_ms() + WAIT_MS;
-		while (!woken && clock_mono_ms() < end) {
-			struct pollfd p = { .fd = source_fd(t.src), .events = POLLIN };
-
-			(void)poll(&p, 1, 1000);
-			cr_assert_eq(source_input(t.src, &woken), 0, "%s", source_errmsg(t.src));
-		}
-		cr_assert(woken, "%s: not woken by a committed row", SOURCES[k].name);
+		cr_assert(wait_woken(&t), "%s: not woken by a committed row", SOURCES[k].name);
 		b = next(&t);
 		cr_assert_not_null(b);
 		settle_all(&t, b, SOURCE_PUBLISHED);
@@ -830,21 +838,12 @@ Test(source_contract, cursor_a_wake_up_reads_without_the_lock_list)
 	struct under_test t;
 	char app[64], *last;
 	const struct source_batch *b;
-	bool woken = false;
-	int64_t end;
 
 	snprintf(app, sizeof(app), "contract wake-up %ld", (long)getpid());
 	g_app_name = app;
 	(void)cursor_caught_up(&t);
 	insert_one("woken", NULL, "now()");
-	end = clock_mono_ms() + WAIT_MS;
-	while (!woken && clock_mono_ms() < end) {
-		struct pollfd p = { .fd = source_fd(t.src), .events = POLLIN };
-
-		(void)poll(&p, 1, 1000);
-		cr_assert_eq(source_input(t.src, &woken), 0, "%s", source_errmsg(t.src));
-	}
-	cr_assert(woken, "the cursor was not woken by a committed row");
+	cr_assert(wait_woken(&t), "the cursor was not woken by a committed row");
 	b = next_once(&t);
 	cr_assert_not_null(b, "the wake-up's first read did not hand the row out");
 	last = harness_pg_string(
