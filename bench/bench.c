@@ -40,6 +40,19 @@ double bench_ratio_target(const struct bench *b)
 	return b->opt.topology == BENCH_BROKER_CORE ? 0.90 : 0.80;
 }
 
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+double bench_median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), by_value);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static void declare(struct bench *b, const char *prefix, const struct bench_figure *f)
 {
 	int len;

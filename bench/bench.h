@@ -79,12 +79,14 @@ struct bench {
 	/* What the running measurement calls itself in its lines and failures: its name, and
 	 * "<name>/<source>" for a measurement that runs once per source ("relay/cursor"). */
 	char what[BENCH_KEY_LEN];
-	/* With --rounds: the round that runs now (0 ..), and each round's limit and relay
-	 * throughput per source (NAN where it was not measured), for the medians. */
+	/* With --rounds: the round that runs now (0 ..), and each round's limit, and relay
+	 * throughput and PostgreSQL CPU per message per source (NAN where it was not measured),
+	 * for the medians. */
 	int round;
 	struct {
 		double limit;
 		double relay[BENCH_N_SOURCES];
+		double pg_us[BENCH_N_SOURCES];
 	} by_round[BENCH_ROUNDS_MAX];
 	size_t n_figures;
 	struct {
@@ -123,7 +125,7 @@ void measure_history(struct bench *b);  /* history.c */
 void report_memory(struct bench *b);    /* memory.c */
 void report_versus(struct bench *b);    /* versus.c */
 /* With --rounds: each source's throughput and ratio to the limit, round by round, and their
- * medians, which the summary line gets (relay.c). */
+ * medians, which the summary line gets with the median PostgreSQL CPU per message (relay.c). */
 void relay_rounds_report(struct bench *b);
 
 /* ---- sources ---- */
@@ -136,6 +138,8 @@ const char *bench_topology_name(enum bench_topology t);
 /* The relay's throughput target as a share of the broker's limit: 0.90 with the broker on a
  * core of its own (the shape that predicts production), 0.80 otherwise (issue 37). */
 double bench_ratio_target(const struct bench *b);
+/* The median of v[0 .. n), n > 0; sorts v. */
+double bench_median(double *v, int n);
 
 /* ---- figures ---- */
 /* Declares key on the summary line (the driver does, from its table). */

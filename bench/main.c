@@ -543,7 +543,7 @@ int main(int argc, char **argv)
 	for (int r = 0; r < BENCH_ROUNDS_MAX; r++) {
 		b.by_round[r].limit = NAN;
 		for (int s = 0; s < BENCH_N_SOURCES; s++)
-			b.by_round[r].relay[s] = NAN;
+			b.by_round[r].relay[s] = b.by_round[r].pg_us[s] = NAN;
 	}
 
 	memset(&sa, 0, sizeof(sa));

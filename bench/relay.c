@@ -4,7 +4,6 @@
  * producers' insert path, the figures a change to the database side is judged by. */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "bench/bench.h"
 #include "bench/drain.h"
@@ -15,23 +14,10 @@
 #define INSERT_PROBE_ROWS       5000
 #define INSERT_PROBE_ROWS_QUICK 2000
 
-static int by_value(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* The median of v[0 .. n), n > 0 (v is sorted in place). */
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), by_value);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 void relay_rounds_report(struct bench *b)
 {
 	double limits[BENCH_ROUNDS_MAX], rates[BENCH_ROUNDS_MAX], ratios[BENCH_ROUNDS_MAX];
+	double pg[BENCH_ROUNDS_MAX];
 	double target = bench_ratio_target(b);
 	int n = 0;
 
@@ -40,12 +26,12 @@ void relay_rounds_report(struct bench *b)
 			limits[n++] = b->by_round[r].limit;
 	if (n > 0) {
 		b->source = BENCH_LEASE;
-		bench_set(b, "limit", median(limits, n));
+		bench_set(b, "limit", bench_median(limits, n));
 		printf("limit: median of %d rounds %.0f msgs/s (from %.0f to %.0f)\n", n,
 		       bench_get(b, "limit"), limits[0], limits[n - 1]);
 	}
 	for (int s = 0; s < BENCH_N_SOURCES; s++) {
-		int nr = 0, nq = 0;
+		int nr = 0, nq = 0, np = 0;
 
 		if (!bench_measures(b, (enum bench_source)s))
 			continue;
@@ -57,6 +43,8 @@ void relay_rounds_report(struct bench *b)
 			if (isnan(x))
 				continue;
 			rates[nr++] = x;
+			if (!isnan(b->by_round[r].pg_us[s]))
+				pg[np++] = b->by_round[r].pg_us[s];
 			printf(" %.0f %.0f", l, x);
 			if (!isnan(l)) {
 				ratios[nq++] = x / l;
@@ -67,10 +55,16 @@ void relay_rounds_report(struct bench *b)
 		printf("\n");
 		if (nr == 0)
 			continue;
-		bench_set(b, "relay", median(rates, nr));
+		bench_set(b, "relay", bench_median(rates, nr));
+		if (np > 0) {
+			bench_set(b, "pg_us", bench_median(pg, np));
+			printf("relay/%s: PostgreSQL CPU per message, median of %d rounds %.1f us "
+			       "(from %.1f to %.1f)\n",
+			       bench_source_name(s), np, bench_get(b, "pg_us"), pg[0], pg[np - 1]);
+		}
 		if (nq == 0)
 			continue;
-		bench_set(b, "ratio", median(ratios, nq));
+		bench_set(b, "ratio", bench_median(ratios, nq));
 		printf("relay/%s: median ratio to limit of %d rounds %.2f (from %.2f to %.2f; "
 		       "topology %s, target >= %.2f: %s)\n",
 		       bench_source_name(s), nq, bench_get(b, "ratio"), ratios[0], ratios[nq - 1],
@@ -109,6 +103,7 @@ void measure_relay(struct bench *b)
 	}
 	drain_print_cost(what, &d, b->opt.n_tput);
 	bench_set(b, "pg_us", d.cpu.pg_us);
+	b->by_round[b->round].pg_us[b->source] = d.cpu.pg_us;
 	bench_set(b, "mq_us", d.cpu.mq_us);
 	bench_set(b, "relay_us", d.cpu.relay_us);
 	bench_set(b, "wal_bytes", d.wal.bytes);

@@ -16,6 +16,26 @@ static double cursor(const struct bench *b, const char *key)
 	return bench_get_source(b, BENCH_CURSOR, key);
 }
 
+/* With --rounds: the median over the rounds that measured both sources of the cursor's figure
+ * over the lease's (relay: throughput, pg_us: PostgreSQL CPU per message), each round's pair
+ * measured minutes apart on the same machine; NAN without rounds or pairs. */
+static double paired(const struct bench *b, bool pg)
+{
+	double q[BENCH_ROUNDS_MAX];
+	int n = 0;
+
+	for (int r = 0; b->opt.rounds > 1 && r < b->opt.rounds; r++) {
+		double l =
+		        pg ? b->by_round[r].pg_us[BENCH_LEASE] : b->by_round[r].relay[BENCH_LEASE];
+		double c = pg ? b->by_round[r].pg_us[BENCH_CURSOR]
+		              : b->by_round[r].relay[BENCH_CURSOR];
+
+		if (!isnan(l) && !isnan(c) && l > 0)
+			q[n++] = c / l;
+	}
+	return n > 0 ? bench_median(q, n) : NAN;
+}
+
 static const char *verdict(bool met)
 {
 	return met ? "met" : "MISSED";
@@ -69,16 +89,22 @@ void report_versus(struct bench *b)
 		       climit, bench_topology_name(b->opt.topology), target,
 		       verdict(climit >= target), lease(b, "ratio"));
 	if (!isnan(lr) && lr > 0) {
-		bench_set(b, "cursor_lease_ratio", cr / lr);
-		printf("versus: drain: cursor %.0f msgs/s, lease %.0f msgs/s: %.2f x the lease's "
+		double q = isnan(paired(b, false)) ? cr / lr : paired(b, false);
+
+		bench_set(b, "cursor_lease_ratio", q);
+		printf("versus: drain: cursor %.0f msgs/s, lease %.0f msgs/s: %.2f x the lease's%s "
 		       "(target >= 1.50: %s)\n",
-		       cr, lr, cr / lr, verdict(cr / lr >= 1.5));
+		       cr, lr, q, isnan(paired(b, false)) ? "" : " (median of the rounds' pairs)",
+		       verdict(q >= 1.5));
 	}
 	if (!isnan(lpg) && !isnan(cpg) && lpg > 0) {
-		bench_set(b, "cursor_lease_pg_ratio", cpg / lpg);
+		double q = isnan(paired(b, true)) ? cpg / lpg : paired(b, true);
+
+		bench_set(b, "cursor_lease_pg_ratio", q);
 		printf("versus: PostgreSQL CPU per relayed message: cursor %.1f us, lease %.1f us: "
-		       "%.2f of the lease's (target <= 0.33: %s)\n",
-		       cpg, lpg, cpg / lpg, verdict(cpg / lpg <= 0.33));
+		       "%.2f of the lease's%s (target <= 0.33: %s)\n",
+		       cpg, lpg, q, isnan(paired(b, true)) ? "" : " (median of the rounds' pairs)",
+		       verdict(q <= 0.33));
 	}
 	print_writes(b, BENCH_LEASE);
 	print_writes(b, BENCH_CURSOR);
