@@ -69,6 +69,8 @@ static void declare(struct bench *b, const char *prefix, const struct bench_figu
 	}
 	b->figures[b->n_figures].decimals = f->decimals;
 	b->figures[b->n_figures].value = NAN;
+	for (int r = 0; r < BENCH_ROUNDS_MAX; r++)
+		b->figures[b->n_figures].rounds[r] = NAN;
 	b->n_figures++;
 }
 
@@ -105,6 +107,8 @@ void bench_set(struct bench *b, const char *key, double value)
 
 	if (i >= 0) {
 		b->figures[i].value = value;
+		if (b->round >= 0 && b->round < BENCH_ROUNDS_MAX)
+			b->figures[i].rounds[b->round] = value;
 		return;
 	}
 	/* Caught on the first run of a new measurement, not left to print a wrong summary. */
@@ -122,6 +126,27 @@ double bench_get_source(const struct bench *b, enum bench_source s, const char *
 	long i = find(b, s, key);
 
 	return i >= 0 ? b->figures[i].value : NAN;
+}
+
+double bench_get_round(const struct bench *b, enum bench_source s, const char *key, int r)
+{
+	long i = find(b, s, key);
+
+	return i >= 0 && r >= 0 && r < BENCH_ROUNDS_MAX ? b->figures[i].rounds[r] : NAN;
+}
+
+void bench_take_medians(struct bench *b)
+{
+	for (size_t i = 0; i < b->n_figures; i++) {
+		double v[BENCH_ROUNDS_MAX];
+		int n = 0;
+
+		for (int r = 0; r < BENCH_ROUNDS_MAX; r++)
+			if (!isnan(b->figures[i].rounds[r]))
+				v[n++] = b->figures[i].rounds[r];
+		if (n > 0)
+			b->figures[i].value = bench_median(v, n);
+	}
 }
 
 void bench_fail(struct bench *b, const char *what, const char *fmt, ...)

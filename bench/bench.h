@@ -79,20 +79,14 @@ struct bench {
 	/* What the running measurement calls itself in its lines and failures: its name, and
 	 * "<name>/<source>" for a measurement that runs once per source ("relay/cursor"). */
 	char what[BENCH_KEY_LEN];
-	/* With --rounds: the round that runs now (0 ..), and each round's limit, and relay
-	 * throughput and PostgreSQL CPU per message per source (NAN where it was not measured),
-	 * for the medians. */
+	/* With --rounds: the round that runs now (0 ..; -1 once they are over). */
 	int round;
-	struct {
-		double limit;
-		double relay[BENCH_N_SOURCES];
-		double pg_us[BENCH_N_SOURCES];
-	} by_round[BENCH_ROUNDS_MAX];
 	size_t n_figures;
 	struct {
 		char key[BENCH_KEY_LEN];
 		int decimals;
 		double value;
+		double rounds[BENCH_ROUNDS_MAX]; /* as each round set it (NAN: not) */
 	} figures[BENCH_MAX_FIGURES];
 };
 
@@ -124,8 +118,8 @@ void measure_sources(struct bench *b);  /* sources.c */
 void measure_history(struct bench *b);  /* history.c */
 void report_memory(struct bench *b);    /* memory.c */
 void report_versus(struct bench *b);    /* versus.c */
-/* With --rounds: each source's throughput and ratio to the limit, round by round, and their
- * medians, which the summary line gets with the median PostgreSQL CPU per message (relay.c). */
+/* With --rounds: each source's throughput, ratio to the limit and PostgreSQL CPU per message,
+ * round by round, and their medians (relay.c). */
 void relay_rounds_report(struct bench *b);
 
 /* ---- sources ---- */
@@ -155,6 +149,11 @@ void bench_set(struct bench *b, const char *key, double value);
 double bench_get(const struct bench *b, const char *key);
 /* Source s's figure key, whichever source is current; NAN as bench_get(). */
 double bench_get_source(const struct bench *b, enum bench_source s, const char *key);
+/* With --rounds: source s's figure key as round r set it; NAN as bench_get(). */
+double bench_get_round(const struct bench *b, enum bench_source s, const char *key, int r);
+/* With --rounds, once they are over: every figure becomes the median of the values its rounds
+ * gave it (a ratio set each round, as the relay's to the limit, is so taken pair by pair). */
+void bench_take_medians(struct bench *b);
 
 /* ---- failures ---- */
 /* A measurement that could not finish says so ("<what>: FAILED: ...") and counts as failed. */

@@ -107,7 +107,6 @@ void measure_limit(struct bench *b)
 		bench_sleep_ms(5);
 	cpu_sample(&cz, 0);
 	bench_set(b, "limit", rate);
-	b->by_round[b->round].limit = rate;
 	printf("limit: %ld msgs of %d B, persistent, durable classic queue, confirms, %d in "
 	       "flight: %.0f msgs/s (%ld nacked)\n",
 	       n, BENCH_BODY_LEN, LIMIT_WINDOW, rate, nacked);

@@ -265,8 +265,8 @@ static void usage(FILE *out)
 	        "  --load-batch: rows per commit of the load run (default 1)\n"
 	        "  --rounds: run the selected measurements N times in turn (at most %d); the\n"
 	        "  relay's ratio is taken to the limit of its own round, and the summary gets\n"
-	        "  the medians (--only limit,relay --rounds 5: a ratio the broker's moods do\n"
-	        "  not decide); other figures are the last round's\n"
+	        "  medians of every figure (--only limit,relay --rounds 5: a ratio the\n"
+	        "  broker's moods do not decide)\n"
 	        "  environment: RELAY_TEST_PG (libpq conninfo), RELAY_TEST_AMQP (amqp:// URL)\n",
 	        BENCH_LOAD_RATE_DFLT, BENCH_ROUNDS_MAX);
 }
@@ -494,8 +494,11 @@ static void run_all(struct bench *b)
 			turn += m->per_source;
 		}
 	}
-	if (b->opt.rounds > 1)
+	b->round = -1; /* the reports below set figures of no round */
+	if (b->opt.rounds > 1) {
+		bench_take_medians(b);
 		relay_rounds_report(b);
+	}
 	for (size_t i = 0; i < N_MEASUREMENTS; i++) {
 		const struct bench_measurement *m = &measurements[i];
 
@@ -540,11 +543,6 @@ int main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < N_MEASUREMENTS; i++)
 		declare_row(&b, &measurements[i]);
-	for (int r = 0; r < BENCH_ROUNDS_MAX; r++) {
-		b.by_round[r].limit = NAN;
-		for (int s = 0; s < BENCH_N_SOURCES; s++)
-			b.by_round[r].relay[s] = b.by_round[r].pg_us[s] = NAN;
-	}
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;

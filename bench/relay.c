@@ -14,64 +14,56 @@
 #define INSERT_PROBE_ROWS       5000
 #define INSERT_PROBE_ROWS_QUICK 2000
 
+/* The lowest and highest value key had over the rounds (source s's). */
+static void spread(const struct bench *b, enum bench_source s, const char *key, double *lo,
+                   double *hi)
+{
+	*lo = INFINITY;
+	*hi = -INFINITY;
+	for (int r = 0; r < b->opt.rounds; r++) {
+		double v = bench_get_round(b, s, key, r);
+
+		if (!isnan(v)) {
+			*lo = fmin(*lo, v);
+			*hi = fmax(*hi, v);
+		}
+	}
+}
+
 void relay_rounds_report(struct bench *b)
 {
-	double limits[BENCH_ROUNDS_MAX], rates[BENCH_ROUNDS_MAX], ratios[BENCH_ROUNDS_MAX];
-	double pg[BENCH_ROUNDS_MAX];
-	double target = bench_ratio_target(b);
-	int n = 0;
+	double lo, hi;
 
-	for (int r = 0; r < b->opt.rounds; r++)
-		if (!isnan(b->by_round[r].limit))
-			limits[n++] = b->by_round[r].limit;
-	if (n > 0) {
-		b->source = BENCH_LEASE;
-		bench_set(b, "limit", bench_median(limits, n));
-		printf("limit: median of %d rounds %.0f msgs/s (from %.0f to %.0f)\n", n,
-		       bench_get(b, "limit"), limits[0], limits[n - 1]);
-	}
-	for (int s = 0; s < BENCH_N_SOURCES; s++) {
-		int nr = 0, nq = 0, np = 0;
+	spread(b, BENCH_LEASE, "limit", &lo, &hi);
+	if (lo <= hi)
+		printf("limit: median of %d rounds %.0f msgs/s (from %.0f to %.0f)\n",
+		       b->opt.rounds, bench_get_source(b, BENCH_LEASE, "limit"), lo, hi);
+	for (int i = 0; i < BENCH_N_SOURCES; i++) {
+		enum bench_source s = (enum bench_source)i;
+		const char *name = bench_source_name(s);
+		double ratio = bench_get_source(b, s, "ratio");
 
-		if (!bench_measures(b, (enum bench_source)s))
+		if (!bench_measures(b, s) || isnan(bench_get_source(b, s, "relay")))
 			continue;
-		b->source = (enum bench_source)s;
-		printf("relay/%s: by round (limit, relay msgs/s, ratio):", bench_source_name(s));
-		for (int r = 0; r < b->opt.rounds; r++) {
-			double l = b->by_round[r].limit, x = b->by_round[r].relay[s];
-
-			if (isnan(x))
-				continue;
-			rates[nr++] = x;
-			if (!isnan(b->by_round[r].pg_us[s]))
-				pg[np++] = b->by_round[r].pg_us[s];
-			printf(" %.0f %.0f", l, x);
-			if (!isnan(l)) {
-				ratios[nq++] = x / l;
-				printf(" %.2f", x / l);
-			}
-			printf(";");
-		}
+		printf("relay/%s: by round (limit, relay msgs/s, ratio):", name);
+		for (int r = 0; r < b->opt.rounds; r++)
+			printf(" %.0f %.0f %.2f;", bench_get_round(b, s, "limit", r),
+			       bench_get_round(b, s, "relay", r),
+			       bench_get_round(b, s, "ratio", r));
 		printf("\n");
-		if (nr == 0)
-			continue;
-		bench_set(b, "relay", bench_median(rates, nr));
-		if (np > 0) {
-			bench_set(b, "pg_us", bench_median(pg, np));
-			printf("relay/%s: PostgreSQL CPU per message, median of %d rounds %.1f us "
+		spread(b, s, "pg_us", &lo, &hi);
+		if (lo <= hi)
+			printf("relay/%s: PostgreSQL CPU per message, median of the rounds %.1f us "
 			       "(from %.1f to %.1f)\n",
-			       bench_source_name(s), np, bench_get(b, "pg_us"), pg[0], pg[np - 1]);
-		}
-		if (nq == 0)
-			continue;
-		bench_set(b, "ratio", bench_median(ratios, nq));
-		printf("relay/%s: median ratio to limit of %d rounds %.2f (from %.2f to %.2f; "
-		       "topology %s, target >= %.2f: %s)\n",
-		       bench_source_name(s), nq, bench_get(b, "ratio"), ratios[0], ratios[nq - 1],
-		       bench_topology_name(b->opt.topology), target,
-		       bench_get(b, "ratio") >= target ? "met" : "MISSED");
+			       name, bench_get_source(b, s, "pg_us"), lo, hi);
+		spread(b, s, "ratio", &lo, &hi);
+		if (lo <= hi)
+			printf("relay/%s: median ratio to limit of the rounds %.2f (from %.2f to "
+			       "%.2f; topology %s, target >= %.2f: %s)\n",
+			       name, ratio, lo, hi, bench_topology_name(b->opt.topology),
+			       bench_ratio_target(b),
+			       ratio >= bench_ratio_target(b) ? "met" : "MISSED");
 	}
-	b->source = BENCH_LEASE;
 }
 
 void measure_relay(struct bench *b)
@@ -86,7 +78,6 @@ void measure_relay(struct bench *b)
 	if (drain_run(b, what, "bench_tput", b->opt.n_tput, 0, false, &d) != 0)
 		return;
 	bench_set(b, "relay", d.rate);
-	b->by_round[b->round].relay[b->source] = d.rate;
 	memory_note(b, &d, true);
 	printf("%s: %ld pre-filled rows of %d B, start -> all confirmed and marked: %.2f s "
 	       "(first delivery after %.3f s), %.0f msgs/s; peak RSS %ld kB (VmHWM), "
@@ -103,7 +94,6 @@ void measure_relay(struct bench *b)
 	}
 	drain_print_cost(what, &d, b->opt.n_tput);
 	bench_set(b, "pg_us", d.cpu.pg_us);
-	b->by_round[b->round].pg_us[b->source] = d.cpu.pg_us;
 	bench_set(b, "mq_us", d.cpu.mq_us);
 	bench_set(b, "relay_us", d.cpu.relay_us);
 	bench_set(b, "wal_bytes", d.wal.bytes);

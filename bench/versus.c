@@ -17,18 +17,16 @@ static double cursor(const struct bench *b, const char *key)
 }
 
 /* With --rounds: the median over the rounds that measured both sources of the cursor's figure
- * over the lease's (relay: throughput, pg_us: PostgreSQL CPU per message), each round's pair
- * measured minutes apart on the same machine; NAN without rounds or pairs. */
-static double paired(const struct bench *b, bool pg)
+ * key over the lease's, each round's pair measured minutes apart on the same machine; NAN
+ * without rounds or pairs. */
+static double paired(const struct bench *b, const char *key)
 {
 	double q[BENCH_ROUNDS_MAX];
 	int n = 0;
 
 	for (int r = 0; b->opt.rounds > 1 && r < b->opt.rounds; r++) {
-		double l =
-		        pg ? b->by_round[r].pg_us[BENCH_LEASE] : b->by_round[r].relay[BENCH_LEASE];
-		double c = pg ? b->by_round[r].pg_us[BENCH_CURSOR]
-		              : b->by_round[r].relay[BENCH_CURSOR];
+		double l = bench_get_round(b, BENCH_LEASE, key, r);
+		double c = bench_get_round(b, BENCH_CURSOR, key, r);
 
 		if (!isnan(l) && !isnan(c) && l > 0)
 			q[n++] = c / l;
@@ -89,21 +87,22 @@ void report_versus(struct bench *b)
 		       climit, bench_topology_name(b->opt.topology), target,
 		       verdict(climit >= target), lease(b, "ratio"));
 	if (!isnan(lr) && lr > 0) {
-		double q = isnan(paired(b, false)) ? cr / lr : paired(b, false);
+		double q = isnan(paired(b, "relay")) ? cr / lr : paired(b, "relay");
 
 		bench_set(b, "cursor_lease_ratio", q);
 		printf("versus: drain: cursor %.0f msgs/s, lease %.0f msgs/s: %.2f x the lease's%s "
 		       "(target >= 1.50: %s)\n",
-		       cr, lr, q, isnan(paired(b, false)) ? "" : " (median of the rounds' pairs)",
+		       cr, lr, q, isnan(paired(b, "relay")) ? "" : " (median of the rounds' pairs)",
 		       verdict(q >= 1.5));
 	}
 	if (!isnan(lpg) && !isnan(cpg) && lpg > 0) {
-		double q = isnan(paired(b, true)) ? cpg / lpg : paired(b, true);
+		double q = isnan(paired(b, "pg_us")) ? cpg / lpg : paired(b, "pg_us");
 
 		bench_set(b, "cursor_lease_pg_ratio", q);
 		printf("versus: PostgreSQL CPU per relayed message: cursor %.1f us, lease %.1f us: "
 		       "%.2f of the lease's%s (target <= 0.33: %s)\n",
-		       cpg, lpg, q, isnan(paired(b, true)) ? "" : " (median of the rounds' pairs)",
+		       cpg, lpg, q,
+		       isnan(paired(b, "pg_us")) ? "" : " (median of the rounds' pairs)",
 		       verdict(q <= 0.33));
 	}
 	print_writes(b, BENCH_LEASE);
