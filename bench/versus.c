@@ -60,17 +60,26 @@ static void print_latency(const struct bench *b)
 	double cp50 = cursor(b, "p50_ms"), cp99 = cursor(b, "p99_ms");
 	double clp99 = cursor(b, "load_p99_ms");
 
-	if (!isnan(cp50))
+	if (!isnan(cp50)) {
 		printf("versus: cursor idle latency p50 %.2f ms (target <= 1 ms: %s), p99 %.2f ms "
-		       "(target <= 5 ms: %s); lease p50 %.2f ms, p99 %.2f ms\n",
-		       cp50, verdict(cp50 <= 1.0), cp99, verdict(cp99 <= 5.0), lease(b, "p50_ms"),
-		       lease(b, "p99_ms"));
-	if (!isnan(clp99))
+		       "(target <= 5 ms: %s)",
+		       cp50, verdict(cp50 <= 1.0), cp99, verdict(cp99 <= 5.0));
+		if (!isnan(lease(b, "p50_ms")))
+			printf("; lease p50 %.2f ms, p99 %.2f ms", lease(b, "p50_ms"),
+			       lease(b, "p99_ms"));
+		printf("\n");
+	}
+	if (!isnan(clp99)) {
 		printf("versus: under load at half each source's maximum: cursor %.0f/s, p99 %.2f "
-		       "ms (target <= 10 ms: %s); lease %.0f/s, p99 %.2f ms; PostgreSQL CPU per "
-		       "message, the producers' inserts included: cursor %.1f us, lease %.1f us\n",
-		       cursor(b, "load_rate"), clp99, verdict(clp99 <= 10.0), lease(b, "load_rate"),
-		       lease(b, "load_p99_ms"), cursor(b, "load_pg_us"), lease(b, "load_pg_us"));
+		       "ms (target <= 10 ms: %s), PostgreSQL CPU per message, the producers' "
+		       "inserts included, %.1f us",
+		       cursor(b, "load_rate"), clp99, verdict(clp99 <= 10.0),
+		       cursor(b, "load_pg_us"));
+		if (!isnan(lease(b, "load_p99_ms")))
+			printf("; lease %.0f/s, p99 %.2f ms, %.1f us", lease(b, "load_rate"),
+			       lease(b, "load_p99_ms"), lease(b, "load_pg_us"));
+		printf("\n");
+	}
 }
 
 void report_versus(struct bench *b)
@@ -81,11 +90,15 @@ void report_versus(struct bench *b)
 
 	if (isnan(cr))
 		return;
-	if (!isnan(climit))
+	if (!isnan(climit)) {
 		printf("versus: cursor throughput / broker limit %.2f (topology %s, target >= "
-		       "%.2f: %s); lease %.2f\n",
+		       "%.2f: %s)",
 		       climit, bench_topology_name(b->opt.topology), target,
-		       verdict(climit >= target), lease(b, "ratio"));
+		       verdict(climit >= target));
+		if (!isnan(lease(b, "ratio")))
+			printf("; lease %.2f", lease(b, "ratio"));
+		printf("\n");
+	}
 	if (!isnan(lr) && lr > 0) {
 		double q = isnan(paired(b, "relay")) ? cr / lr : paired(b, "relay");
 
