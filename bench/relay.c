@@ -46,10 +46,17 @@ void relay_rounds_report(struct bench *b)
 		if (!bench_measures(b, s) || isnan(bench_get_source(b, s, "relay")))
 			continue;
 		printf("relay/%s: by round (limit, relay msgs/s, ratio):", name);
-		for (int r = 0; r < b->opt.rounds; r++)
-			printf(" %.0f %.0f %.2f;", bench_get_round(b, s, "limit", r),
-			       bench_get_round(b, s, "relay", r),
-			       bench_get_round(b, s, "ratio", r));
+		for (int r = 0; r < b->opt.rounds; r++) {
+			double l = bench_get_round(b, s, "limit", r);
+			double x = bench_get_round(b, s, "relay", r);
+
+			if (isnan(x))
+				printf(" -;");
+			else if (isnan(l))
+				printf(" - %.0f -;", x);
+			else
+				printf(" %.0f %.0f %.2f;", l, x, x / l);
+		}
 		printf("\n");
 		spread(b, s, "pg_us", &lo, &hi);
 		if (lo <= hi)
