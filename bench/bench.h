@@ -57,9 +57,9 @@ struct bench_options {
 	long load_batch;  /* the load run's rows per commit (0 = 1) */
 	unsigned sources; /* bit (1u << enum bench_source) for each source to measure */
 	enum bench_topology topology;
-	/* --rounds: the selected measurements run this many times in turn (1 = once), and the
-	 * relay's throughput is judged by the median of its ratios to the limit measured just
-	 * before it, round by round (relay_rounds_report()) */
+	/* --rounds: the selected measurements run this many times in turn (1 = once), and
+	 * every figure is the median of its rounds (bench_take_medians()): the relay's drain is
+	 * judged by its ratios to the limit measured just before it, round by round */
 	int rounds;
 };
 
