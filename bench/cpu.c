@@ -186,21 +186,56 @@ double cpu_pids_s(const pid_t *pids, size_t n)
 	return (double)ticks / (double)sysconf(_SC_CLK_TCK);
 }
 
-static void machine(unsigned long long *busy, unsigned long long *total, unsigned long long *steal)
+/* One "cpu..." line of /proc/stat (p just past its name): busy (all but idle and iowait), total
+ * and steal jiffies. */
+static bool stat_line(const char *p, unsigned long long *busy, unsigned long long *total,
+                      unsigned long long *steal)
 {
-	unsigned long long f[8] = { 0 };
+	unsigned long long f[8];
+
+	/* user nice system idle iowait irq softirq steal; guest time is already in user. */
+	for (int i = 0; i < 8; i++) {
+		char *end;
+
+		errno = 0;
+		f[i] = strtoull(p, &end, 10);
+		if (end == p || errno != 0)
+			return false;
+		p = end;
+	}
+	*total = 0;
+	for (int i = 0; i < 8; i++)
+		*total += f[i];
+	*busy = *total - f[3] - f[4];
+	*steal = f[7];
+	return true;
+}
+
+static void machine(struct cpu_sample *s)
+{
+	char line[512];
+	unsigned long long steal;
 	FILE *fp = fopen("/proc/stat", "r");
 
-	*busy = *total = *steal = 0;
+	s->busy = s->total = s->steal = 0;
+	s->n_each = 0;
 	if (!fp)
 		return;
-	/* user nice system idle iowait irq softirq steal; guest time is already in user. */
-	if (fscanf(fp, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &f[0], &f[1], &f[2], &f[3],
-	           &f[4], &f[5], &f[6], &f[7]) == 8) {
-		for (int i = 0; i < 8; i++)
-			*total += f[i];
-		*busy = *total - f[3] - f[4];
-		*steal = f[7];
+	while (fgets(line, sizeof(line), fp) && strncmp(line, "cpu", 3) == 0) {
+		int i = s->n_each;
+		char *end;
+		long cpu;
+
+		if (line[3] == ' ') {
+			if (!stat_line(line + 3, &s->busy, &s->total, &s->steal))
+				s->busy = s->total = s->steal = 0;
+			continue;
+		}
+		errno = 0;
+		cpu = strtol(line + 3, &end, 10);
+		if (end != line + 3 && errno == 0 && cpu == i && i < CPU_EACH_MAX &&
+		    stat_line(end, &s->each_busy[i], &s->each_total[i], &steal))
+			s->n_each++;
 	}
 	fclose(fp);
 }
@@ -236,7 +271,7 @@ void cpu_sample(struct cpu_sample *s, pid_t relay)
 	getrusage(RUSAGE_SELF, &ru);
 	s->self_s = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
 	            (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-	machine(&s->busy, &s->total, &s->steal);
+	machine(s);
 }
 
 static double per_msg_us(double a, double z, long n)
@@ -264,6 +299,12 @@ void cpu_cost(const struct cpu_sample *a, const struct cpu_sample *z, long n, st
 		}
 	}
 	c->busy_pct = c->other_pct = c->steal_pct = NAN;
+	c->n_each = a->n_each == z->n_each ? z->n_each : 0;
+	for (int i = 0; i < c->n_each; i++)
+		c->each_pct[i] = z->each_total[i] > a->each_total[i]
+		                         ? 100.0 * (double)(z->each_busy[i] - a->each_busy[i]) /
+		                                   (double)(z->each_total[i] - a->each_total[i])
+		                         : NAN;
 	if (a->total > 0 && z->total > a->total) {
 		double all_s = (double)(z->total - a->total) / tick;
 		double busy_s = (double)(z->busy - a->busy) / tick;
@@ -285,6 +326,15 @@ static void part(const char *name, double us, const char **sep)
 	*sep = ", ";
 }
 
+void cpu_print_each(const struct cpu_cost *c)
+{
+	if (c->n_each < 2)
+		return;
+	for (int i = 0; i < c->n_each; i++)
+		printf("%sCPU %d %.0f %%", i ? ", " : " (", i, c->each_pct[i]);
+	printf(")");
+}
+
 void cpu_print(const char *what, const struct cpu_cost *c, bool with_db)
 {
 	const char *sep = "";
@@ -297,11 +347,14 @@ void cpu_print(const char *what, const struct cpu_cost *c, bool with_db)
 		part("relay", c->relay_us, &sep);
 	part("bench+consumer", c->self_us, &sep);
 	printf(" (total %.1f us); ", c->total_us);
-	if (isnan(c->busy_pct))
+	if (isnan(c->busy_pct)) {
 		printf("machine busy ?\n");
-	else
-		printf("machine busy %.0f %%, %.0f %% outside these processes (steal %.0f %%)\n",
-		       c->busy_pct, c->other_pct, c->steal_pct);
+	} else {
+		printf("machine busy %.0f %%", c->busy_pct);
+		cpu_print_each(c);
+		printf(", %.0f %% outside these processes (steal %.0f %%)\n", c->other_pct,
+		       c->steal_pct);
+	}
 	if (c->other_pct > CPU_NOISY_PCT)
 		printf("%s: noisy: %.0f %% of the machine went outside these processes, so this "
 		       "stretch's figures are not comparable with another run's\n",
