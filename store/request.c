@@ -340,33 +340,79 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 	return store_exec_state(s, sql, nparams, params, want, out, what, NULL);
 }
 
-int store_exec_many(struct store *s, const char *sql, PGresult **res, int n, const char *what)
+/* Reads the answers of a pipeline of n statements and its Sync into res[] (the first result of
+ * each; the statement that failed, or PIPELINE_ABORTED after it, stays in its place). False
+ * when a deadline ran out or the connection broke first. */
+static bool collect_calls(struct store *s, PGresult **res, int n, int64_t deadline)
 {
-	PGresult *last = NULL;
+	PGresult *r;
+
+	for (int i = 0; i <= n; i++) {
+		/* Each statement's answer ends with a NULL; the Sync's is one result alone. */
+		for (;;) {
+			if (!await_result(s, deadline))
+				return false;
+			r = PQgetResult(s->conn);
+			if (i == n) {
+				bool synced = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+
+				PQclear(r);
+				return synced;
+			}
+			if (!r)
+				break;
+			if (res[i])
+				PQclear(r);
+			else
+				res[i] = r;
+		}
+		if (!res[i])
+			return false; /* the connection broke: libpq gave no answer */
+	}
+	return true;
+}
+
+int store_exec_calls(struct store *s, const struct store_call *calls, PGresult **res, int n,
+                     const char *what)
+{
+	int64_t deadline;
+	bool ok;
 	int rc = 0;
 
 	for (int i = 0; i < n; i++)
 		res[i] = NULL;
 	if ((rc = store_require_conn(s)) != 0)
 		return rc;
-	if (sent(s, PQsendQuery(s->conn, sql), STORE_INFLIGHT_SYNC))
-		last = collect(s, res, n - 1);
-	/* A statement that failed ends the text: its answer is the last, and fewer came. */
-	if (PQresultStatus(last) != PGRES_TUPLES_OK || (n > 1 && !res[n - 2]))
-		rc = store_result_error(s, last, what);
-	for (int i = 0; rc == 0 && i < n - 1; i++)
-		if (PQresultStatus(res[i]) != PGRES_TUPLES_OK)
+	if (!PQenterPipelineMode(s->conn))
+		return store_result_error(s, NULL, what);
+	ok = true;
+	for (int i = 0; ok && i < n; i++)
+		ok = PQsendQueryPrepared(s->conn, calls[i].name, calls[i].nparams, calls[i].params,
+		                         NULL, NULL, 0) == 1;
+	ok = ok && PQpipelineSync(s->conn) == 1;
+	deadline = store_request_deadline(s);
+	ok = ok && flush_out(s, deadline) && collect_calls(s, res, n, deadline);
+	/* The statement that failed says why (the ones after it were skipped). */
+	for (int i = 0; rc == 0 && i < n; i++)
+		if (res[i] && PQresultStatus(res[i]) != PGRES_TUPLES_OK)
 			rc = store_result_error(s, res[i], what);
+	if (rc == 0 && !ok)
+		rc = store_result_error(s, NULL, what);
+	/* A pipeline not read to its end leaves the connection unusable: it is given up. */
+	if (!ok || !PQexitPipelineMode(s->conn)) {
+		if (rc == 0)
+			store_set_line(s, what, "the pipeline did not end");
+		store_disconnect(s);
+		if (rc != STORE_ERR_ABORTED)
+			rc = STORE_ERR_CONN;
+	}
 	if (rc != 0) {
-		PQclear(last);
 		for (int i = 0; i < n; i++) {
 			PQclear(res[i]);
 			res[i] = NULL;
 		}
-		return rc;
 	}
-	res[n - 1] = last;
-	return 0;
+	return rc;
 }
 
 int store_send_prepared(struct store *s, const char *name, int n, const char *const *params,

@@ -147,7 +147,8 @@ struct store {
 	 * watermark it was sent with (claim_seen_sent, the claim in flight). The floor never
 	 * passes it (store/source/claim.c). */
 	int64_t claim_seen, claim_seen_sent;
-	int64_t sampled_ms; /* CLOCK_MONOTONIC: when the lock list was last read (0: never) */
+	int64_t sampled_ms;       /* CLOCK_MONOTONIC: when the lock list was last read (0: never) */
+	uint64_t lock_list_reads; /* by the cursor's reads, since the handle was made (tests) */
 	/* Where the next claim goes on looking for ordering keys (store/source/claim.c): the last key
 	 * the previous claim looked at; none (has_cursor false) at the start of a round. */
 	char key_cursor[STORE_KEY_CURSOR_MAX];
@@ -271,11 +272,20 @@ int store_exec(struct store *s, const char *sql, int nparams, const char *const 
 int store_exec_state(struct store *s, const char *sql, int nparams, const char *const *params,
                      ExecStatusType want, PGresult **out, const char *what, char *state)
         __attribute__((warn_unused_result));
-/* n statements in one text (the simple protocol, so one implicit transaction), each
- * answering rows: res[i] gets the i-th answer, all to be cleared by the caller; on failure
- * none (a statement that fails ends the text and the transaction rolls back). */
-int store_exec_many(struct store *s, const char *sql, PGresult **res, int n, const char *what)
-        __attribute__((warn_unused_result));
+/* One prepared statement of store_exec_calls(): its name and text parameters. */
+struct store_call {
+	const char *name;
+	int nparams;
+	const char *const *params;
+};
+/* n prepared statements in one round trip and one implicit transaction (libpq's pipeline
+ * mode: one Sync after them all), each answering rows: res[i] gets the i-th answer, all to be
+ * cleared by the caller; on failure none (a statement that fails skips the rest and the
+ * transaction rolls back). Prepared statements rather than EXECUTE in a text of several: the
+ * server runs an EXECUTE as a utility statement and keeps its whole answer in a tuple store
+ * before sending it, a copy of every row read (a tenth of the reading session's CPU). */
+int store_exec_calls(struct store *s, const struct store_call *calls, PGresult **res, int n,
+                     const char *what) __attribute__((warn_unused_result));
 /* Formats a statement into sql[cap]: 0, or STORE_ERR_FATAL (error set) when it does not fit.
  * Only the validated table name and numbers ever go into the text; values are parameters. */
 int store_format_sql(struct store *s, char *sql, size_t cap, const char *fmt, ...)

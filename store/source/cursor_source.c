@@ -453,6 +453,11 @@ enum source_step cursor_step(const struct cursor *c)
 	return c->step;
 }
 
+uint64_t cursor_lock_list_reads(const struct cursor *c)
+{
+	return store_lock_list_reads(c->store);
+}
+
 const char *cursor_server(const struct cursor *c)
 {
 	return store_server(c->store);

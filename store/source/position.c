@@ -9,6 +9,7 @@
 #include "store/store_private.h"
 
 #define ST_POS_READ  "outbox_position_read"
+#define ST_POS_READF "outbox_position_read_fenced"
 #define ST_POS_MOVE  "outbox_position_move"
 #define ST_POS_CLAIM "outbox_position_claim"
 #define ST_POS_FENCE "outbox_position_fence"
@@ -25,6 +26,14 @@ enum { POS_COL_LATER = COL_ATTEMPTS + 1, POS_COL_DEAD, POS_COL_HELD, POS_COL_COU
 	" AND e.deferred_at IS NOT NULL AND e.published_at IS NULL AND e.seq < " o ".seq AND" \
 	" (" strict " OR e.attempts < " max "))"
 
+/* The read above the position ($1) up to upto: %s twice, the table. */
+#define POS_READ(upto)                                                              \
+	"SELECT " STORE_ROW_COLUMNS ", o.available_at > clock_timestamp(),"         \
+	" o.attempts >= $4::int, o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(  \
+	        "o", "$5::boolean",                                                 \
+	        "$4::int") " FROM %s o WHERE o.seq > $1::bigint AND o.seq <= " upto \
+	                   " AND o.published_at IS NULL ORDER BY o.seq LIMIT $3::int"
+
 static int prepare_all(struct store *s)
 {
 	const char *t = s->table;
@@ -38,15 +47,14 @@ static int prepare_all(struct store *s)
 	 * position. Later is by the clock, not now(): the transaction began with the statements
 	 * before the read (the fence's, the move's), and a row committed since has an
 	 * available_at after its start (the producer's now()) though it is due. */
-	if ((rc = store_prepare(
-	             s, ST_POS_READ, 5,
-	             "SELECT " STORE_ROW_COLUMNS ", o.available_at > clock_timestamp(),"
-	             " o.attempts >= $4::int, o.ordering_key IS NOT NULL AND " OLDER_EXCEPTION(
-	                     "o", "$5::boolean", "$4::int") " FROM %s o WHERE o.seq > $1::bigint"
-	                                                    " AND o.seq <= $2::bigint AND"
-	                                                    " o.published_at IS NULL ORDER BY"
-	                                                    " o.seq LIMIT $3::int",
-	             t, t)) != 0)
+	if ((rc = store_prepare(s, ST_POS_READ, 5, POS_READ("$2::bigint"), t, t)) != 0)
+		return rc;
+	/* The same, up to the fence the sample before it settled in this round trip (the
+	 * session's outbox_relay.fence) when that is lower than $2. */
+	if ((rc = store_prepare(s, ST_POS_READF, 5,
+	                        POS_READ("LEAST($2::bigint,"
+	                                 " current_setting('outbox_relay.fence')::bigint)"),
+	                        t, t)) != 0)
 		return rc;
 	/* $1 from, $2 to, $3.. the passed rows, $8 max_attempts. Durable, as the lease source's
 	 * mark: a position that could come back lower would only publish rows again, but a key's
@@ -138,6 +146,11 @@ int position_check(struct store *s)
 bool store_wakeup_armed(const struct store *s)
 {
 	return s->armed;
+}
+
+uint64_t store_lock_list_reads(const struct store *s)
+{
+	return s->lock_list_reads;
 }
 
 int64_t store_watermark_safe(const struct store *s)
@@ -239,6 +252,7 @@ static void feed_sample(struct store *s, const PGresult *res, int col)
 	store_feed_sample(s, PQgetvalue(res, 0, col),
 	                  PQgetisnull(res, 0, col + 1) ? "" : PQgetvalue(res, 0, col + 1), n);
 	s->sampled_ms = clock_mono_ms();
+	s->lock_list_reads++;
 }
 
 /* The read's answer into out and seen[]. */
@@ -294,12 +308,15 @@ int position_read(struct store *s, struct position_carry *carry, const struct po
                   struct store_batch *out, struct position_seen **seen, size_t *seen_cap,
                   int64_t *fence_used)
 {
-	char sql[640], move[160] = "", first[128] = "", upto[64];
+	char from[24], to[24], fence[24], after[24], upto[24], limit[16], max[16];
+	const char *step_p[] = { from, to }, *fence_p[] = { fence };
+	const char *read_p[] = { after, upto, limit, max, s->opts.skip_dead ? "false" : "true" };
+	struct store_call calls[3];
 	PGresult *res[3] = { NULL, NULL, NULL };
 	bool w_first = ask->sample || ask->w;
 	PGresult **sample = carry ? &res[1] : &res[0], **rows = w_first ? sample + 1 : sample;
 	int64_t used = ask->fence, w = 0;
-	int rc;
+	int n = 0, rc;
 
 	out->n = 0;
 	*fence_used = ask->fence;
@@ -308,30 +325,26 @@ int position_read(struct store *s, struct position_carry *carry, const struct po
 	/* The move first: it passes no rows. */
 	if (carry) {
 		carry->moved = 0;
-		snprintf(move, sizeof(move), "EXECUTE " ST_POS_STEP "(%lld, %lld); ",
-		         (long long)carry->from, (long long)carry->to);
+		snprintf(from, sizeof(from), "%lld", (long long)carry->from);
+		snprintf(to, sizeof(to), "%lld", (long long)carry->to);
+		calls[n++] = (struct store_call){ ST_POS_STEP, 2, step_p };
 	}
-	if (ask->sample)
-		snprintf(first, sizeof(first), "EXECUTE " ST_POS_FENCE "(%lld); ",
-		         (long long)ask->fence);
-	else if (ask->w)
-		snprintf(first, sizeof(first), "EXECUTE " ST_POS_W "(%lld); ",
-		         (long long)ask->fence);
-	/* Without the sample the fence is the one given; with it, what the sample settled. */
-	if (!ask->bounded)
-		snprintf(upto, sizeof(upto), "9223372036854775807");
-	else if (ask->sample)
-		snprintf(upto, sizeof(upto), "current_setting('outbox_relay.fence')::bigint");
-	else
-		snprintf(upto, sizeof(upto), "%lld", (long long)ask->fence);
-	/* The sample's statement ends before the read's begins, so the read's snapshot sees every
-	 * row up to a W that no transaction held when the sample looked (watermark.h). */
-	if ((rc = store_format_sql(s, sql, sizeof(sql),
-	                           "%s%sEXECUTE " ST_POS_READ "(%lld, %s, %d, %d, %s)", move, first,
-	                           (long long)ask->after, upto, ask->limit, s->opts.max_attempts,
-	                           s->opts.skip_dead ? "false" : "true")) != 0 ||
-	    (rc = store_exec_many(s, sql, res, 1 + (carry != NULL) + w_first,
-	                          "could not read rows above the position")) != 0)
+	snprintf(fence, sizeof(fence), "%lld", (long long)ask->fence);
+	if (w_first)
+		calls[n++] =
+		        (struct store_call){ ask->sample ? ST_POS_FENCE : ST_POS_W, 1, fence_p };
+	/* Without the sample the fence is the one given; with it, what the sample settled. The
+	 * sample's statement ends before the read's begins, so the read's snapshot sees every row
+	 * up to a W that no transaction held when the sample looked (watermark.h). */
+	snprintf(after, sizeof(after), "%lld", (long long)ask->after);
+	snprintf(upto, sizeof(upto), "%lld",
+	         ask->bounded && !ask->sample ? (long long)ask->fence : (long long)INT64_MAX);
+	snprintf(limit, sizeof(limit), "%d", ask->limit);
+	snprintf(max, sizeof(max), "%d", s->opts.max_attempts);
+	calls[n++] = (struct store_call){ ask->bounded && ask->sample ? ST_POS_READF : ST_POS_READ,
+		                          5, read_p };
+	if ((rc = store_exec_calls(s, calls, res, n, "could not read rows above the position")) !=
+	    0)
 		return rc;
 	if (w_first &&
 	    (PQntuples(*sample) != 1 || store_parse_int64(PQgetvalue(*sample, 0, 0), &used) != 0 ||

@@ -74,6 +74,9 @@ int64_t store_watermark_safe(const struct store *s);
 /* The highest seq the last read saw drawn (a row up to it may be committed but not yet
  * readable). */
 int64_t store_watermark_seen(const struct store *s);
+/* How many times this handle's reads read the lock list (the watermark's sample), since it was
+ * made: for tests (source_testing.h). */
+uint64_t store_lock_list_reads(const struct store *s);
 
 /* A row the position passes without publishing it, written with the move. */
 struct position_pass {

@@ -1,6 +1,7 @@
 /* The calls of source.h, passed to the source the handle is (source_private.h). */
 #include "store/source/source.h"
 #include "store/source/source_private.h"
+#include "store/source/source_testing.h"
 
 #define LEASE(s)   ((struct lease *)(s))
 #define CURSOR(s)  ((struct cursor *)(s))
@@ -66,6 +67,11 @@ enum source_step source_step(const struct source *s)
 	if (s->kind == SOURCE_CURSOR)
 		return cursor_step(CCURSOR(s));
 	return lease_step(CLEASE(s));
+}
+
+uint64_t source_test_lock_list_reads(const struct source *s)
+{
+	return s->kind == SOURCE_CURSOR ? cursor_lock_list_reads(CCURSOR(s)) : 0;
 }
 
 const char *source_server(const struct source *s)

@@ -56,6 +56,7 @@ const char *cursor_server(const struct cursor *s);
 bool cursor_wakeup_current(const struct cursor *s);
 int cursor_token_stem(const struct cursor *s, char *out, size_t cap);
 int cursor_next(struct cursor *s, const struct source_batch **out, int64_t *ask_at_ms);
+uint64_t cursor_lock_list_reads(const struct cursor *s);
 int cursor_fd(const struct cursor *s);
 int cursor_input(struct cursor *s, bool *woken);
 int cursor_prefetch(struct cursor *s, const struct source_batch *b);
