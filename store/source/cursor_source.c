@@ -231,6 +231,19 @@ static int read_into(struct cursor *c, struct cursor_read *r)
 	return carried ? cursor_move_answered(c, carry.moved) : 0;
 }
 
+/* Whether the read fetched ahead holds a row of a key the batch before it had (c->keys still
+ * holds that batch's keys: build() clears them). */
+static bool ahead_shares_keys(const struct cursor *c)
+{
+	const struct store_batch *rows = &c->reads[1 - c->cur].rows;
+
+	for (size_t i = 0; i < rows->n; i++)
+		if (rows->rows[i].ordering_key &&
+		    (cursor_keys_get(&c->keys, rows->rows[i].ordering_key) & CURSOR_KEY_IN_BATCH))
+			return true;
+	return false;
+}
+
 /* Reads above the position (or takes the read fetched ahead) and hands out what may go. */
 static int read_next(struct cursor *c, const struct source_batch **out)
 {
@@ -240,6 +253,12 @@ static int read_next(struct cursor *c, const struct source_batch **out)
 	int rc;
 
 	if (c->ahead == AHEAD_READY) {
+		/* The read fetched ahead goes out before the move past the batch before it, which
+		 * the next read carries: a relay killed in between would have both batches published
+		 * again. When a key has a row in each, that would send the key's earlier row after
+		 * its later one, so the move goes first, alone and durable. */
+		if (ahead_shares_keys(c) && (rc = cursor_flush(c)) != 0)
+			return rc;
 		c->cur = 1 - c->cur;
 		c->ahead = AHEAD_NONE;
 	} else if ((rc = read_into(c, &c->reads[c->cur])) != 0) {

@@ -700,6 +700,61 @@ Test(source_contract, cursor_reads_ahead_when_rows_queue)
 	close_source(&t);
 }
 
+/* A key with a row in a batch and another in the read fetched ahead: the position moves past
+ * the batch before the next one goes out. Otherwise a relay killed after publishing the next
+ * batch, before the read after it carried the move, would have both published again, and the
+ * key's first row would go after its second. */
+Test(source_contract, cursor_moves_past_a_key_before_its_next_row_goes_ahead)
+{
+	const struct contract_source *kind = cursor_kind();
+	struct under_test t;
+	const struct source_batch *b;
+	int64_t first_end;
+	char got[128];
+
+	fresh();
+	g_batch = 16;
+	open_source(&t, kind, &g_fx, "contract-a");
+	cr_assert_null(next(&t));
+
+	insert_one("a-1", "a", "now()");
+	insert_one("b-1", "b", "now()");
+	insert_one("a-2", "a", "now()");
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "a-1,b-1", "a batch holds one row of a key");
+	first_end = b->rows[1].seq;
+	cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "a-2");
+	cr_assert_geq(position_now(), first_end, "a-2 went out with the position still before a-1");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+
+	/* Without a key in common the read ahead goes out at once, its move carried later. */
+	insert_one("c-1", "c", "now()");
+	insert_one("d-1", "d", "now()");
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "c-1,d-1");
+	first_end = b->rows[1].seq;
+	insert_one("e-1", "e", "now()");
+	cr_assert_eq(source_prefetch(t.src, b), 0, "%s", source_errmsg(t.src));
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	b = next(&t);
+	cr_assert_not_null(b);
+	ids(b, got, sizeof(got));
+	cr_assert_str_eq(got, "e-1", "the read ahead did not go out");
+	cr_assert_lt(position_now(), first_end, "a move went alone with no key in common");
+	settle_all(&t, b, SOURCE_PUBLISHED);
+	cr_assert_null(next(&t));
+	close_source(&t);
+}
+
 /* A batch the broker confirmed whole is recorded by the move the next read carries in its
  * round trip, not by a statement of its own at settle; and before the source goes quiet at the
  * latest, so a relay that stops or idles leaves no confirmed row unrecorded. */
