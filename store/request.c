@@ -165,13 +165,10 @@ static bool await_result(struct store *s, int64_t deadline)
 	return true;
 }
 
-/* store_collect(), keeping also the answers before the last, up to n of them, in earlier[]
- * (in order; the rest are cleared). */
-static PGresult *collect(struct store *s, PGresult **earlier, int n)
+PGresult *store_collect(struct store *s)
 {
 	int64_t deadline = s->inflight_sent_ms ? s->inflight_sent_ms : 0;
 	PGresult *keep = NULL, *r;
-	int got = 0;
 
 	/* The answer timeout counts from when the request was sent: a pipelined claim that
 	 * waited while the broker confirmed a batch is not given a second allowance. */
@@ -181,21 +178,15 @@ static PGresult *collect(struct store *s, PGresult **earlier, int n)
 		deadline = store_request_deadline(s);
 	s->inflight = STORE_INFLIGHT_NONE;
 	s->inflight_sent_ms = 0;
-	if (!flush_out(s, deadline)) {
-		PQclear(keep);
+	if (!flush_out(s, deadline))
 		return NULL;
-	}
+	/* The last answer is the one kept, unless an earlier one failed: that one says why. */
 	while (await_result(s, deadline) && (r = PQgetResult(s->conn)) != NULL) {
-		bool keep_failed = keep && PQresultStatus(keep) == PGRES_FATAL_ERROR;
-
-		if (keep_failed) {
+		if (keep && PQresultStatus(keep) == PGRES_FATAL_ERROR) {
 			PQclear(r);
 			continue;
 		}
-		if (keep && got < n)
-			earlier[got++] = keep;
-		else
-			PQclear(keep);
+		PQclear(keep);
 		keep = r;
 	}
 	if (s->no_answer || s->aborted) {
@@ -203,11 +194,6 @@ static PGresult *collect(struct store *s, PGresult **earlier, int n)
 		return NULL;
 	}
 	return keep;
-}
-
-PGresult *store_collect(struct store *s)
-{
-	return collect(s, NULL, 0);
 }
 
 int store_result_error(struct store *s, const PGresult *res, const char *what)
@@ -383,8 +369,13 @@ int store_exec_calls(struct store *s, const struct store_call *calls, PGresult *
 		res[i] = NULL;
 	if ((rc = store_require_conn(s)) != 0)
 		return rc;
-	if (!PQenterPipelineMode(s->conn))
-		return store_result_error(s, NULL, what);
+	/* libpq refuses only a connection that is not idle: a request of ours still in flight on
+	 * it. Its state is not known, so it is given up like a broken one. */
+	if (!PQenterPipelineMode(s->conn)) {
+		store_set_line(s, what, "the connection was busy and could not start a pipeline");
+		store_disconnect(s);
+		return STORE_ERR_CONN;
+	}
 	ok = true;
 	for (int i = 0; ok && i < n; i++)
 		ok = PQsendQueryPrepared(s->conn, calls[i].name, calls[i].nparams, calls[i].params,

@@ -1521,6 +1521,40 @@ Test(store, cursor_read_carries_the_move)
 	store_free(a);
 }
 
+/* A pipeline asked of a connection with a request still in flight is refused by libpq: the
+ * request is a clear error on that connection, which is given up (its state is unknown), and
+ * the next request connects again. */
+Test(store, a_pipeline_on_a_busy_connection_is_a_connection_error)
+{
+	struct store *a = migrated("pipe_busy");
+	struct store_options o = opts_for("relay-1", false);
+	struct store *r;
+	struct store_batch b = { 0 };
+	struct position_seen *seen = NULL;
+	size_t cap = 0;
+	int64_t pos = -1, used = -1;
+	PGresult *res[1];
+	struct store_call call = { .name = "no_such_statement", .nparams = 0, .params = NULL };
+
+	o.cursor = true;
+	r = open_store(o);
+	add("m1", NULL, 0);
+	cr_assert_eq(position_lead(r, &pos), 1, "%s", store_errmsg(r));
+	cr_assert_eq(PQsendQuery(r->conn, "SELECT 1"), 1);
+	cr_assert_eq(store_exec_calls(r, &call, res, 1, "busy"), STORE_ERR_CONN);
+	cr_assert(strstr(store_errmsg(r), "busy: the connection was busy"), "%s", store_errmsg(r));
+	cr_assert_null(res[0]);
+	cr_assert_not(store_connected(r), "the busy connection was given up");
+	cr_assert_eq(store_connect(r), 0, "%s", store_errmsg(r));
+	cr_assert_eq(position_read(r, NULL, &ASK(pos, pos), &b, &seen, &cap, &used), 0, "%s",
+	             store_errmsg(r));
+	cr_assert_eq(b.n, 1, "the next connection reads");
+	store_batch_free(&b);
+	free(seen);
+	store_free(r);
+	store_free(a);
+}
+
 struct carried_read {
 	struct store *r;
 	struct position_carry carry;
