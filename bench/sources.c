@@ -1048,14 +1048,19 @@ static void print_cost(const struct src *s, const struct src_cost *c, const char
                        const struct src_cost *base)
 {
 	char what[32], note[160];
+	double rest = c->cpu.pg_us - c->own_us;
 
+	/* The two are read at slightly different moments: a rest that rounds to nothing is
+	 * printed as 0.0, not -0.0. */
+	if (fabs(rest) < 0.05)
+		rest = 0.0;
 	snprintf(what, sizeof(what), "%s: (%s)", s->what, s->d->tag);
 	printf("%s: cpu per %s: postgres %.1f us (the design's backend %.1f us, the rest %.1f us),"
-	       " outbox-bench %.1f us; machine busy %.0f %%, %.0f %% outside these processes"
-	       " (steal %.0f %%)\n",
-	       /* + 0.0: a rest that rounds to nothing is not printed as -0.0 */
-	       what, unit, c->cpu.pg_us, c->own_us, c->cpu.pg_us - c->own_us + 0.0, c->cpu.self_us,
-	       c->cpu.busy_pct, c->cpu.other_pct, c->cpu.steal_pct);
+	       " outbox-bench %.1f us; machine busy %.0f %%",
+	       what, unit, c->cpu.pg_us, c->own_us, rest, c->cpu.self_us, c->cpu.busy_pct);
+	cpu_print_each(&c->cpu);
+	printf(", %.0f %% outside these processes (steal %.0f %%)\n", c->cpu.other_pct,
+	       c->cpu.steal_pct);
 	if (c->cpu.other_pct > CPU_NOISY_PCT)
 		printf("%s: noisy: %.0f %% of the machine went outside these processes, so this "
 		       "stretch's figures are not comparable with another run's\n",
@@ -1205,10 +1210,11 @@ static int one_load(struct bench *b, PGconn *c, const struct src_design *d, doub
 		printf("%s: under load, the producers alone (%.0f commits/s from %d connections "
 		       "for "
 		       "%d s, one row each, no reader): %ld rows; per row: postgres %.1f us, wal "
-		       "%.0f B, outbox-bench %.1f us; machine busy %.0f %%, %.0f %% outside these "
-		       "processes (steal %.0f %%)\n",
+		       "%.0f B, outbox-bench %.1f us; machine busy %.0f %%",
 		       s.what, rate, SOURCES_PRODUCERS, b->opt.phase_s, cost.n, cost.cpu.pg_us,
-		       cost.wal.bytes, cost.cpu.self_us, cost.cpu.busy_pct, cost.cpu.other_pct,
+		       cost.wal.bytes, cost.cpu.self_us, cost.cpu.busy_pct);
+		cpu_print_each(&cost.cpu);
+		printf(", %.0f %% outside these processes (steal %.0f %%)\n", cost.cpu.other_pct,
 		       cost.cpu.steal_pct);
 		rc = 0;
 		goto out;
