@@ -1522,8 +1522,8 @@ Test(store, cursor_read_carries_the_move)
 }
 
 /* A pipeline asked of a connection with a request still in flight is refused by libpq: the
- * request is a clear error on that connection, which is given up (its state is unknown), and
- * the next request connects again. */
+ * request is a clear error on that connection, which is given up (its state is unknown); a
+ * new connection then reads. */
 Test(store, a_pipeline_on_a_busy_connection_is_a_connection_error)
 {
 	struct store *a = migrated("pipe_busy");
