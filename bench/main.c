@@ -154,6 +154,7 @@ static void on_signal(int sig)
 static void print_facts(struct bench *b)
 {
 	char model[256] = "unknown", line[512], pgv[128] = "unknown", fs[32] = "?", sc[32] = "?";
+	char sb[32] = "?", hp[32] = "?";
 	char rmqv[64] = "unknown", err[256];
 	struct utsname u;
 	FILE *f = fopen("/proc/cpuinfo", "r");
@@ -181,6 +182,8 @@ static void print_facts(struct bench *b)
 		db_show(c, "SHOW server_version", pgv, sizeof(pgv));
 		db_show(c, "SHOW fsync", fs, sizeof(fs));
 		db_show(c, "SHOW synchronous_commit", sc, sizeof(sc));
+		db_show(c, "SHOW shared_buffers", sb, sizeof(sb));
+		db_show(c, "SHOW huge_pages", hp, sizeof(hp));
 	}
 	PQfinish(c);
 	m = mq_open(b, err, sizeof(err));
@@ -192,9 +195,9 @@ static void print_facts(struct bench *b)
 		snprintf(u.release, sizeof(u.release), "?");
 	printf("machine: %ld cores, %s, Linux %s\n", sysconf(_SC_NPROCESSORS_ONLN), model,
 	       u.release);
-	printf("versions: PostgreSQL %s (fsync=%s, synchronous_commit=%s), RabbitMQ %s, "
-	       "rabbitmq-c %s, relay %s\n",
-	       pgv, fs, sc, rmqv, amqp_version(), b->opt.relay);
+	printf("versions: PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s, "
+	       "huge_pages=%s), RabbitMQ %s, rabbitmq-c %s, relay %s\n",
+	       pgv, fs, sc, sb, hp, rmqv, amqp_version(), b->opt.relay);
 	printf("sizes: rows %ld, backlog %ld, phases %d s, body %d B, relay.retention %s%s\n",
 	       b->opt.n_tput, b->opt.n_backlog, b->opt.phase_s, BENCH_BODY_LEN, b->opt.retention,
 	       b->opt.quick ? " (--quick)" : "");
